@@ -1,0 +1,5 @@
+import sys
+
+from grid.cli import main
+
+sys.exit(main())

@@ -1,0 +1,334 @@
+"""The ``shmgrid`` command: start, stop, inspect and disturb a local cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from grid import protocol as p
+from grid.client.registry import pid_alive, read_registry, registry_path
+from grid.config import GridConfig
+from grid.errors import ClusterNotRunningError, GridError
+
+DETACH_WAIT_S = 60.0
+STOP_WAIT_S = 20.0
+
+
+def _config(args: argparse.Namespace) -> GridConfig:
+    return GridConfig.load(
+        getattr(args, "config", None), cluster_name=args.cluster_name,
+        members=getattr(args, "members", None),
+        backup_count=getattr(args, "backup_count", None),
+        partition_count=getattr(args, "partition_count", None),
+        heartbeat_interval=getattr(args, "heartbeat_interval", None),
+        heartbeat_timeout=getattr(args, "heartbeat_timeout", None))
+
+
+def _registry(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    path = registry_path(args.cluster_name or GridConfig.load().cluster_name)
+    return path, read_registry(path)
+
+
+def _supervisor_call(data: dict[str, Any], op: str, timeout: float = 10.0,
+                     **fields: Any) -> dict[str, Any] | None:
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(data["supervisor"]["endpoint"])
+        sock.send_multipart([p.request(op, 1, data["cluster_name"], **fields)])
+        if not sock.poll(timeout * 1000):
+            return None
+        return p.unpack_header(sock.recv_multipart()[0])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _print_ready(data: dict[str, Any], path: Path) -> None:
+    print(f"cluster {data['cluster_name']!r} is running "
+          f"(supervisor pid {data['supervisor']['pid']})")
+    for m in data["members"]:
+        print(f"  {m['name']:<10} pid {m['pid']:<8} {m['endpoint']}")
+    print(f"registry: {path}")
+    print("connect with: grid.connect()" if data["cluster_name"] == "dev"
+          else f"connect with: grid.connect(cluster_name={data['cluster_name']!r})")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+def cmd_start(args: argparse.Namespace) -> int:
+    config = _config(args)
+    path = config.registry_path()
+    if path.exists():
+        try:
+            data = read_registry(path)
+        except ClusterNotRunningError:
+            data = {}
+        if pid_alive(data.get("supervisor", {}).get("pid")):
+            print(f"error: cluster {config.cluster_name!r} is already running (registry {path});"
+                  f" stop it with `shmgrid stop --cluster-name {config.cluster_name}`",
+                  file=sys.stderr)
+            return 1
+        _cleanup_orphans(data, config.cluster_name)
+        path.unlink(missing_ok=True)
+    if args.detach:
+        return _start_detached(config, path)
+    from grid import supervisor
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s supervisor %(levelname)s %(message)s")
+    sup = supervisor.Supervisor(config)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "stopping", True))
+    signal.signal(signal.SIGINT, lambda *_: setattr(sup, "stopping", True))
+    try:
+        sup.start()
+    except supervisor.StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _print_ready(read_registry(path), path)
+    print("press Ctrl-C to stop", flush=True)
+    sup.serve()
+    return 0
+
+
+def _start_detached(config: GridConfig, path: Path) -> int:
+    log_path = path.with_suffix(".log")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grid.supervisor", json.dumps(config.to_dict())],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            print(f"error: the supervisor exited with code {proc.returncode}; "
+                  f"see {log_path}:\n{_tail(log_path)}", file=sys.stderr)
+            return 1
+        try:
+            data = read_registry(path)
+        except ClusterNotRunningError:
+            data = {}
+        if data.get("state") == "ready":
+            _print_ready(data, path)
+            print(f"log: {log_path}\nstop with: shmgrid stop"
+                  + ("" if config.cluster_name == "dev"
+                     else f" --cluster-name {config.cluster_name}"))
+            return 0
+        time.sleep(0.05)
+    proc.kill()
+    print(f"error: the cluster did not become ready in {DETACH_WAIT_S:g} s; see {log_path}",
+          file=sys.stderr)
+    return 1
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _cleanup_orphans(data: dict[str, Any], cluster_name: str) -> list[int]:
+    """Kill members a dead supervisor left behind and remove their segments."""
+    from workers.shm import remove_segments
+
+    killed = []
+    for m in data.get("members", []):
+        if pid_alive(m.get("pid")):
+            try:
+                os.kill(m["pid"], signal.SIGKILL)
+                killed.append(m["pid"])
+            except ProcessLookupError:
+                pass
+    remove_segments(f"shmgrid-{cluster_name}")
+    return killed
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        path, data = _registry(args)
+    except ClusterNotRunningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    sup_pid = data.get("supervisor", {}).get("pid")
+    if pid_alive(sup_pid):
+        reply = _supervisor_call(data, p.STOP)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while reply is not None and pid_alive(sup_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(sup_pid):
+            print("the supervisor did not stop in time; killing it and its members",
+                  file=sys.stderr)
+            os.kill(sup_pid, signal.SIGKILL)
+    killed = _cleanup_orphans(data, data["cluster_name"])
+    path.unlink(missing_ok=True)
+    extra = f" (killed {len(killed)} orphaned members)" if killed else ""
+    print(f"cluster {data['cluster_name']!r} stopped{extra}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import grid
+
+    try:
+        with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
+            rows = []
+            for member in client.cluster.members:
+                reply = client._invoker.call(member.endpoint, p.STATUS, timeout=2.0)
+                if reply and reply[0].get("ok"):
+                    rows.append(reply[0])
+                else:
+                    rows.append({"name": member.name, "uuid": member.uuid, "pid": member.pid,
+                                 "endpoint": member.endpoint, "unreachable": True})
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    master = next((r for r in rows if r.get("master")), rows[0] if rows else {})
+    summary = {"cluster": client.cluster_name, "state": master.get("state", "UNKNOWN"),
+               "safe": bool(master.get("safe")), "members": [
+                   {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
+                                          "owned", "backups", "shm_bytes", "rss",
+                                          "unreachable") if k in r} for r in rows]}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cluster {summary['cluster']}: {summary['state']}, "
+                        + ("safe" if summary["safe"] else "NOT SAFE"))
+    for col in ("member", "pid", "endpoint", "role", "owned", "backups", "shm", "rss"):
+        table.add_column(col, justify="right" if col in ("pid", "owned", "backups", "shm",
+                                                          "rss") else "left")
+    for r in rows:
+        role = "unreachable" if r.get("unreachable") else (
+            "master" if r.get("master") else ("lite" if r.get("lite") else "member"))
+        table.add_row(r.get("name", "?"), str(r.get("pid", "")), r.get("endpoint", ""), role,
+                      str(r.get("owned", "")), str(r.get("backups", "")),
+                      _mib(r.get("shm_bytes")), _mib(r.get("rss")))
+    Console().print(table)
+    if not summary["safe"]:
+        print("not safe: some partitions lack their configured backups or are migrating")
+    return 0
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:.1f} MiB" if isinstance(n, int) else ""
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    try:
+        _, data = _registry(args)
+    except ClusterNotRunningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    matches = [m for m in data["members"]
+               if m["name"] == args.member or m["uuid"].startswith(args.member)]
+    if len(matches) != 1:
+        names = ", ".join(m["name"] for m in data["members"])
+        print(f"error: no single member matches {args.member!r} (members: {names})",
+              file=sys.stderr)
+        return 1
+    sig = getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}")
+    os.kill(matches[0]["pid"], sig)
+    print(f"sent {sig.name} to {matches[0]['name']} (pid {matches[0]['pid']})")
+    return 0
+
+
+def cmd_add_member(args: argparse.Namespace) -> int:
+    try:
+        _, data = _registry(args)
+    except ClusterNotRunningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    reply = _supervisor_call(data, p.ADD_MEMBER, timeout=60.0, lite=args.lite)
+    if not reply or not reply.get("ok"):
+        print(f"error: the supervisor did not add a member: "
+              f"{reply.get('msg') if reply else 'no answer'}", file=sys.stderr)
+        return 1
+    m = reply["member"]
+    print(f"added {m['name']} (pid {m['pid']}) at {m['endpoint']}"
+          + (" as a lite member" if m.get("lite") else ""))
+    print("it holds no partitions until migrations rebalance the cluster")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from grid.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shmgrid",
+        description="A local in-memory data grid: members in processes, partitions in shared "
+                    "memory, synchronous backups, failover.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--cluster-name", help="which cluster (default: dev, or "
+                        "$SHMGRID_CLUSTER_NAME)")
+
+    sp = sub.add_parser("start", help="start a local cluster",
+                        description="Start a supervisor that runs N member processes, wait "
+                        "until every partition is assigned, print the endpoints.")
+    common(sp)
+    sp.add_argument("--members", type=int, help="member processes (default 3)")
+    sp.add_argument("--backup-count", type=int, help="synchronous backups, 0..6 (default 1)")
+    sp.add_argument("--partition-count", type=int, help="partitions (default 271)")
+    sp.add_argument("--heartbeat-interval", type=float, help="seconds (default 1)")
+    sp.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without heartbeat before a member is removed (default 10)")
+    sp.add_argument("--config", help="a TOML file with configuration keys")
+    sp.add_argument("--detach", action="store_true",
+                    help="run in the background; stop with `shmgrid stop`")
+    sp.set_defaults(func=cmd_start)
+
+    sp = sub.add_parser("stop", help="stop a running cluster and clean up")
+    common(sp)
+    sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("status", help="members, partitions, memory, safety")
+    common(sp)
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("kill", help="send a signal to a member (SIGKILL by default)")
+    common(sp)
+    sp.add_argument("member", help="member name (member-1) or uuid prefix")
+    sp.add_argument("--signal", default="KILL", help="KILL (default), STOP, CONT, TERM")
+    sp.set_defaults(func=cmd_kill)
+
+    sp = sub.add_parser("add-member", help="start one more member process")
+    common(sp)
+    sp.add_argument("--lite", action="store_true", help="a lite member (holds no partitions)")
+    sp.set_defaults(func=cmd_add_member)
+
+    sp = sub.add_parser("bench", help="measure put/get/put_all/get_all against a cluster")
+    common(sp)
+    from grid.bench import add_arguments
+
+    add_arguments(sp)
+    sp.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

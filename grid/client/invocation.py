@@ -1,0 +1,249 @@
+"""Sending requests to members and the client's whole retry policy.
+
+Synchronous on purpose: one DEALER per member, requests tagged with a correlation id, replies
+matched by id (a late reply to an abandoned attempt is dropped). Every decision to retry is made
+in :meth:`Invoker.invoke_partitions`: wrong target, partition migrating, member left and
+attempt time-outs are retried with backoff, after refreshing the partition table, until the
+invocation deadline; anything else goes to the caller at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from grid import protocol as p
+from grid.cluster.membership import MemberList
+from grid.errors import (
+    ClusterNotRunningError,
+    GridError,
+    MemberLeftError,
+    NotReadyError,
+    OperationTimeoutError,
+    ProtocolError,
+)
+from grid.partition.table import PartitionTable
+
+BACKOFF_S_MIN = 0.01
+BACKOFF_S_MAX = 0.5
+REFRESH_TIMEOUT_S = 1.0
+SILENT_S = 5.0
+
+Reply = tuple[dict[str, Any], list[bytes]]
+# A partition request: its pids' part of one message, and what to do with the reply.
+BuildRequest = Callable[[list[int]], tuple[dict[str, Any], list[bytes]]]
+HandleReply = Callable[[list[int], dict[str, Any], list[bytes]], None]
+
+
+class Invoker:
+    def __init__(self, seeds: Sequence[str], cluster_name: str | None,
+                 invocation_timeout: float, attempt_timeout: float) -> None:
+        self.ctx = zmq.Context()
+        self.seeds = list(seeds)
+        self.cluster_name = cluster_name or ""
+        self.invocation_timeout = invocation_timeout
+        self.attempt_timeout = attempt_timeout
+        self.sockets: dict[str, zmq.Socket] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.RLock()
+        self.members = MemberList()
+        self.table: PartitionTable | None = None
+        self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
+        self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
+        self.closed = False
+
+    # -- raw requests ----------------------------------------------------------------------
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        sock = self.sockets.get(endpoint)
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(endpoint)
+            self.sockets[endpoint] = sock
+        return sock
+
+    def _drop_socket(self, endpoint: str) -> None:
+        sock = self.sockets.pop(endpoint, None)
+        if sock is not None:
+            sock.close(0)
+
+    def exchange(self, requests: list[tuple[str, str, dict[str, Any], list[bytes]]],
+                 timeout: float) -> list[Reply | None]:
+        """Send every (endpoint, op, fields, frames) request, then gather replies until all
+        have come or ``timeout`` passed; a missing reply is None."""
+        with self.lock:
+            if self.closed:
+                raise GridError("the client is closed")
+            rids = []
+            for endpoint, op, fields, frames in requests:
+                rid = next(self.ids)
+                rids.append(rid)
+                header = p.request(op, rid, self.cluster_name, **fields)
+                self._socket(endpoint).send_multipart([header, *frames], copy=False)
+            results: dict[int, Reply] = {}
+            wanted = {rid: ep for rid, (ep, *_rest) in zip(rids, requests, strict=True)}
+            deadline = time.monotonic() + timeout
+            poller = zmq.Poller()
+            for endpoint in set(wanted.values()):
+                poller.register(self.sockets[endpoint], zmq.POLLIN)
+            while len(results) < len(rids):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for sock, _ in poller.poll(remaining * 1000):
+                    while True:
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            header = p.unpack_header(frames[0])
+                        except ProtocolError:
+                            continue
+                        if header.get("id") in wanted:
+                            results[header["id"]] = (header, frames[1:])
+            return [results.get(rid) for rid in rids]
+
+    def call(self, endpoint: str, op: str, fields: dict[str, Any] | None = None,
+             frames: list[bytes] | None = None, timeout: float | None = None) -> Reply | None:
+        return self.exchange([(endpoint, op, fields or {}, frames or [])],
+                             self.attempt_timeout if timeout is None else timeout)[0]
+
+    # -- the cluster view ------------------------------------------------------------------
+
+    def refresh(self, prefer_master: bool = True) -> None:
+        """Load the member list and table: from the master if it answers (its view is the
+        newest), else from any member; raise ClusterNotRunningError if nobody answers."""
+        with self.lock:
+            candidates = []
+            if self.members.master:
+                candidates.append(self.members.master.endpoint)
+            candidates += [m.endpoint for m in self.members.members] + self.seeds
+            # Members that just failed to answer are asked last: they are likely gone.
+            now = time.monotonic()
+            candidates.sort(key=lambda e: now - self.silent.get(e, -SILENT_S) < SILENT_S)
+            seen, answered, last = set(), False, None
+            for endpoint in candidates:
+                if endpoint in seen:
+                    continue
+                seen.add(endpoint)
+                reply = self.call(endpoint, p.TABLE, timeout=REFRESH_TIMEOUT_S)
+                if reply is None:
+                    last = f"{endpoint} did not answer"
+                    self.silent[endpoint] = time.monotonic()
+                    continue
+                self.silent.pop(endpoint, None)
+                header, _ = reply
+                if not header.get("ok"):
+                    error = p.error_from_reply(header)
+                    if not error.retryable:
+                        raise error
+                    last = str(error)
+                    continue
+                self._take_view(header)
+                answered = True
+                if header.get("master") or not prefer_master:
+                    return
+            if not answered:
+                raise ClusterNotRunningError(", ".join(self.seeds) or "(no address)",
+                                             last or "no member answered")
+
+    def _take_view(self, header: dict[str, Any]) -> None:
+        members = MemberList.from_wire(header["members"])
+        table = PartitionTable.from_wire(header["table"])
+        if not self.cluster_name:
+            self.cluster_name = header.get("cluster", "")
+        if members.version >= self.members.version:
+            gone = set(self.endpoints.values()) - {m.endpoint for m in members.members}
+            for endpoint in gone:
+                if endpoint not in self.seeds:
+                    self._drop_socket(endpoint)
+            self.members = members
+            self.endpoints = {m.uuid: m.endpoint for m in members.members}
+        if self.table is None:
+            self.table = table
+        else:
+            self.table.apply(table)
+
+    def owner_endpoint(self, pid: int) -> str | None:
+        owner = self.table.owner(pid) if self.table else None
+        return self.endpoints.get(owner) if owner else None
+
+    # -- partition invocations with retries ------------------------------------------------
+
+    def invoke_partitions(self, op: str, pids: Sequence[int], build: BuildRequest,
+                          handle: HandleReply) -> None:
+        """Run ``op`` on every partition in ``pids``: one message per owning member with
+        that member's partitions, retrying the partitions that failed retryably."""
+        deadline = time.monotonic() + self.invocation_timeout
+        todo = sorted(set(pids))
+        backoff = BACKOFF_S_MIN
+        last: GridError | None = None
+        for _attempt in itertools.count():
+            if self.table is None:
+                self.refresh()
+            by_owner: dict[str, list[int]] = defaultdict(list)
+            retry = []
+            for pid in todo:
+                endpoint = self.owner_endpoint(pid)
+                if endpoint is None:
+                    retry.append(pid)
+                    last = NotReadyError(f"partition {pid} has no owner yet")
+                else:
+                    by_owner[endpoint].append(pid)
+            requests, groups = [], []
+            for endpoint, group in by_owner.items():
+                fields, frames = build(group)
+                requests.append((endpoint, op, fields, frames))
+                groups.append(group)
+            timeout = min(self.attempt_timeout, max(0.0, deadline - time.monotonic()))
+            replies = self.exchange(requests, timeout) if requests else []
+            for group, reply in zip(groups, replies, strict=True):
+                if reply is None:
+                    retry.extend(group)
+                    last = MemberLeftError(f"no reply to {op} in {timeout:.1f} s")
+                    continue
+                header, frames = reply
+                if not header.get("ok"):
+                    error = p.error_from_reply(header)
+                    if not error.retryable:
+                        raise error
+                    retry.extend(group)
+                    last = error
+                    continue
+                wrong = set(header.get("wrong") or ())
+                handle([pid for pid in group if pid not in wrong], header, frames)
+                if wrong:
+                    retry.extend(wrong)
+                    last = MemberLeftError(f"partitions {sorted(wrong)[:5]} moved")
+            if not retry:
+                return
+            todo = sorted(retry)
+            if time.monotonic() + backoff >= deadline:
+                raise OperationTimeoutError(op, self.invocation_timeout,
+                                            todo[0] if len(todo) == 1 else None, last)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_S_MAX)
+            try:
+                self.refresh(prefer_master=False)
+            except ClusterNotRunningError as exc:
+                last = exc
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for sock in self.sockets.values():
+                sock.close(0)
+            self.sockets.clear()
+            self.ctx.term()

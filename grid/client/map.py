@@ -1,0 +1,241 @@
+"""A distributed map: a thin proxy that serializes, routes by partition and decodes.
+
+Every method builds its request and hands it to the invoker, which finds the owners and
+retries; batch methods send one message per owning member (in chunks of about
+``BATCH_BYTES``), never one per key.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from grid import protocol as p
+from grid.client.invocation import Invoker
+from grid.errors import ValueTooLargeError
+from grid.serialization import (
+    decode_concatenated,
+    deserialize_value,
+    partition_id_of,
+    serialize_key,
+    serialize_value,
+)
+
+BATCH_BYTES = 4 * 1024 * 1024
+SCAN_PARTITIONS_PER_REQUEST = 8
+_MISSING = object()
+
+
+def _as_key(obj: Any) -> Any:
+    """Tuples in keys come back from msgpack as lists; make them tuples again."""
+    if type(obj) is list:
+        return tuple(_as_key(x) for x in obj)
+    return obj
+
+
+class Map:
+    def __init__(self, name: str, invoker: Invoker, max_value_bytes: int) -> None:
+        self.name = name
+        self._invoker = invoker
+        self._max_value_bytes = max_value_bytes
+
+    def __repr__(self) -> str:
+        return f"Map({self.name!r})"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def _partition_count(self) -> int:
+        if self._invoker.table is None:
+            self._invoker.refresh()
+        return self._invoker.table.partition_count
+
+    def _check_size(self, key_bytes: bytes, value_bytes: bytes) -> None:
+        size = len(key_bytes) + len(value_bytes)
+        if size > self._max_value_bytes:
+            raise ValueTooLargeError(size, self._max_value_bytes)
+
+    def _key_op(self, op: str, key: object, value: object = _MISSING) -> tuple[dict, list]:
+        key_bytes = serialize_key(key)
+        frames = [key_bytes]
+        if value is not _MISSING:
+            value_bytes = serialize_value(value)
+            self._check_size(key_bytes, value_bytes)
+            frames.append(value_bytes)
+        pid = partition_id_of(key_bytes, self._partition_count)
+        out: list[tuple[dict, list]] = []
+        self._invoker.invoke_partitions(
+            op, [pid], lambda group: ({"ns": self.name, "pid": group[0]}, frames),
+            lambda group, header, reply: out.append((header, reply)))
+        return out[0]
+
+    def _value_of(self, reply: tuple[dict, list]) -> Any:
+        frames = reply[1]
+        return deserialize_value(frames[0]) if frames else None
+
+    def _all_partitions(self, op: str, extra: dict[str, Any] | None = None) -> list[dict]:
+        headers: list[dict] = []
+        fields = {"ns": self.name, **(extra or {})}
+        self._invoker.invoke_partitions(
+            op, range(self._partition_count), lambda group: ({**fields, "pids": group}, []),
+            lambda group, header, reply: headers.append(header))
+        return headers
+
+    # -- one key ---------------------------------------------------------------------------
+
+    def get(self, key: object) -> Any:
+        """The value of ``key``, or None."""
+        return self._value_of(self._key_op(p.GET, key))
+
+    def put(self, key: object, value: object) -> Any:
+        """Store ``value`` under ``key``; returns the previous value or None."""
+        return self._value_of(self._key_op(p.PUT, key, value))
+
+    def set(self, key: object, value: object) -> None:
+        """Store ``value`` under ``key`` without returning the old value."""
+        self._key_op(p.SET, key, value)
+
+    def remove(self, key: object) -> Any:
+        """Remove ``key``; returns the removed value or None."""
+        return self._value_of(self._key_op(p.REMOVE, key))
+
+    def delete(self, key: object) -> None:
+        self._key_op(p.DELETE, key)
+
+    def put_if_absent(self, key: object, value: object) -> Any:
+        """Store only if ``key`` is absent; returns the existing value, or None if stored."""
+        return self._value_of(self._key_op(p.PUT_IF_ABSENT, key, value))
+
+    def replace(self, key: object, value: object) -> Any:
+        """Store only if ``key`` is present; returns the previous value, or None if absent."""
+        return self._value_of(self._key_op(p.REPLACE, key, value))
+
+    def contains_key(self, key: object) -> bool:
+        return bool(self._key_op(p.CONTAINS, key)[0].get("found"))
+
+    def __getitem__(self, key: object) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: object, value: object) -> None:
+        self.set(key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return self.contains_key(key)
+
+    def __len__(self) -> int:
+        return self.size()
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        """Store many entries: one message per owning member and chunk."""
+        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        count = self._partition_count
+        chunk: dict[int, list[bytes]] = defaultdict(list)
+        chunk_bytes = 0
+        for key, value in pairs:
+            key_bytes, value_bytes = serialize_key(key), serialize_value(value)
+            self._check_size(key_bytes, value_bytes)
+            items = chunk[partition_id_of(key_bytes, count)]
+            items.append(key_bytes)
+            items.append(value_bytes)
+            chunk_bytes += len(key_bytes) + len(value_bytes)
+            if chunk_bytes >= BATCH_BYTES:
+                self._send_put_all(chunk)
+                chunk, chunk_bytes = defaultdict(list), 0
+        if chunk:
+            self._send_put_all(chunk)
+
+    def _send_put_all(self, items_by_pid: dict[int, list[bytes]]) -> None:
+        def build(group: list[int]) -> tuple[dict, list]:
+            items: list[bytes] = []
+            for pid in group:
+                items.extend(items_by_pid[pid])
+            counts = [len(items_by_pid[pid]) // 2 for pid in group]
+            return {"ns": self.name, "pids": group, "counts": counts}, [p.pack_items(items)]
+
+        self._invoker.invoke_partitions(p.PUT_ALL, list(items_by_pid), build,
+                                        lambda group, header, reply: None)
+
+    def get_all(self, keys: Iterable[object]) -> dict[Any, Any]:
+        """The present entries among ``keys``: one message per owning member."""
+        count = self._partition_count
+        by_pid: dict[int, list[bytes]] = defaultdict(list)
+        for key in keys:
+            key_bytes = serialize_key(key)
+            by_pid[partition_id_of(key_bytes, count)].append(key_bytes)
+        result: dict[Any, Any] = {}
+
+        def build(group: list[int]) -> tuple[dict, list]:
+            items = [k for pid in group for k in by_pid[pid]]
+            counts = [len(by_pid[pid]) for pid in group]
+            return {"ns": self.name, "pids": group, "counts": counts}, [p.pack_items(items)]
+
+        def handle(group: list[int], header: dict, frames: list[bytes]) -> None:
+            flat = decode_concatenated(frames[0], header.get("n", 0)) if frames else []
+            for i in range(0, len(flat), 2):
+                result[_as_key(flat[i])] = flat[i + 1]
+
+        self._invoker.invoke_partitions(p.GET_ALL, list(by_pid), build, handle)
+        return result
+
+    def scan_partitions(self, partition_ids: Sequence[int],
+                        batch_size: int = 10_000) -> Iterator[tuple[list, list]]:
+        """(keys, values) batches of the given partitions, each read whole from its owner.
+
+        A partition is read in one reply, so it is a consistent snapshot of that partition;
+        one that moves before it is read is read again from its new owner.
+        """
+        pids = list(partition_ids)
+        keys: list = []
+        values: list = []
+        for at in range(0, len(pids), SCAN_PARTITIONS_PER_REQUEST):
+            decoded: list[list] = []
+
+            def handle(group: list[int], header: dict, frames: list[bytes],
+                       decoded: list[list] = decoded) -> None:
+                for frame, n in zip(frames, header.get("counts", []), strict=False):
+                    if n:
+                        decoded.append(decode_concatenated(frame, n))
+
+            self._invoker.invoke_partitions(
+                p.ENTRIES, pids[at:at + SCAN_PARTITIONS_PER_REQUEST],
+                lambda group: ({"ns": self.name, "pids": group}, []), handle)
+            for flat in decoded:
+                keys.extend(_as_key(k) for k in flat[0::2])
+                values.extend(flat[1::2])
+                if len(keys) >= batch_size:
+                    yield keys, values
+                    keys, values = [], []
+        if keys:
+            yield keys, values
+
+    def items(self) -> list[tuple[Any, Any]]:
+        out = []
+        for keys, values in self.scan_partitions(range(self._partition_count)):
+            out.extend(zip(keys, values, strict=True))
+        return out
+
+    def keys(self) -> list[Any]:
+        return [k for keys, _ in self.scan_partitions(range(self._partition_count)) for k in keys]
+
+    def values(self) -> list[Any]:
+        return [v for _, vals in self.scan_partitions(range(self._partition_count)) for v in vals]
+
+    def size(self) -> int:
+        return sum(h.get("size", 0) for h in self._all_partitions(p.SIZE))
+
+    def clear(self) -> None:
+        """Remove every entry (on owners and their backups)."""
+        self._all_partitions(p.CLEAR)
+
+    def move_to(self, target: str) -> None:
+        """Per partition, atomically replace ``target``'s entries with this map's (which
+        becomes empty), on owners and backups: the publish step of a staged overwrite."""
+        if not isinstance(target, str) or not target or target == self.name:
+            raise ValueError("move_to needs the name of another map")
+        self._all_partitions(p.MOVE, {"target": target})

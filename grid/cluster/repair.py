@@ -1,0 +1,77 @@
+"""What the master does to the partition table when members leave (seed 002, section 1.1).
+
+Only the master calls these, and publishes the result; the others act when they receive it.
+A left member's slots become empty; where the owner left, the hottest remaining backup is
+promoted to owner (it has every acknowledged write: backups are synchronous); where every
+replica left, the least loaded data member becomes the (empty) owner. Re-creating the lost
+backups is the migration planner's work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable
+
+
+def remove_members(table: PartitionTable, removed: Iterable[str],
+                   data_members: Sequence[str]) -> PartitionTable:
+    """A new table without the removed members; ``data_members`` are the ones that remain."""
+    gone = set(removed)
+    result = table.copy()
+    if not gone:
+        return result
+    owner_counts = {m: 0 for m in data_members}
+    orphans = []
+    for pid in range(result.partition_count):
+        replicas = [None if r in gone else r for r in result.replicas(pid)]
+        if replicas[0] is None:
+            hottest = next((i for i in range(1, MAX_REPLICA_COUNT) if replicas[i]), None)
+            if hottest is not None:
+                replicas[0], replicas[hottest] = replicas[hottest], None
+        if replicas != list(result.replicas(pid)):
+            result.set_replicas(pid, replicas)
+        owner = result.owner(pid)
+        if owner is None:
+            orphans.append(pid)
+        elif owner in owner_counts:
+            owner_counts[owner] += 1
+    for pid in orphans:
+        if not owner_counts:
+            break
+        # Deterministic: least loaded first, ties broken by age (the list order).
+        owner = min(owner_counts, key=lambda m: owner_counts[m])
+        result.set_replica(pid, 0, owner)
+        owner_counts[owner] += 1
+    return result
+
+
+def initial_assignment(partition_count: int, data_members: Sequence[str],
+                       backup_count: int) -> PartitionTable:
+    """The first table of a new cluster: a balanced assignment over the data members."""
+    from grid.partition.assignment import assign
+
+    empty = PartitionTable(partition_count=partition_count)
+    target = assign(empty, list(data_members), backup_count)
+    table = PartitionTable(partition_count=partition_count)
+    for pid in range(partition_count):
+        table.set_replicas(pid, target.replicas(pid))
+    return table
+
+
+def required_replicas(data_member_count: int, backup_count: int) -> int:
+    return min(data_member_count, backup_count + 1, MAX_REPLICA_COUNT)
+
+
+def is_cluster_safe(table: PartitionTable, data_members: Sequence[str], backup_count: int,
+                    migrating: bool = False) -> bool:
+    """Every partition has its configured replicas on live data members and nothing migrates."""
+    if migrating or not table.is_assigned():
+        return False
+    live = set(data_members)
+    need = required_replicas(len(live), backup_count)
+    for pid in range(table.partition_count):
+        replicas = table.replicas(pid)
+        if any(replicas[i] is None or replicas[i] not in live for i in range(need)):
+            return False
+    return True

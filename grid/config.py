@@ -1,0 +1,117 @@
+"""Configuration: the seeds' property names in snake case, with the seeds' defaults.
+
+Every key can be set in code (``GridConfig(backup_count=2)``), in a TOML file (top-level keys
+or a ``[shmgrid]`` table) and by an environment variable ``SHMGRID_<KEY>``; later sources win:
+defaults < TOML file < environment < explicit arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+MAX_BACKUP_COUNT = 6
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    cluster_name: str = "dev"
+    members: int = 3
+    partition_count: int = 271
+    backup_count: int = 1
+    async_backup_count: int = 0
+    max_parallel_migrations: int = 10
+    migration_fragments_enabled: bool = True
+    migration_stale_read_disabled: bool = False
+    backup_sync_interval: float = 30.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    invocation_timeout: float = 60.0
+    attempt_timeout: float = 5.0
+    max_value_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = 512 * 1024 * 1024
+    host: str = "127.0.0.1"
+    registry_dir: str = ""
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not 1 <= self.partition_count <= 65536:
+            errors.append(f"partition_count must be 1..65536, not {self.partition_count}")
+        if not 0 <= self.backup_count <= MAX_BACKUP_COUNT:
+            errors.append(f"backup_count must be 0..{MAX_BACKUP_COUNT}, not {self.backup_count}")
+        if not 0 <= self.async_backup_count <= MAX_BACKUP_COUNT - self.backup_count:
+            errors.append("backup_count + async_backup_count must not exceed 6")
+        if self.members < 1:
+            errors.append(f"members must be at least 1, not {self.members}")
+        if self.heartbeat_interval <= 0 or self.heartbeat_timeout <= self.heartbeat_interval:
+            errors.append("heartbeat_timeout must be greater than heartbeat_interval > 0")
+        if self.invocation_timeout <= 0 or self.attempt_timeout <= 0:
+            errors.append("invocation_timeout and attempt_timeout must be positive")
+        if not self.cluster_name or not all(c.isalnum() or c in "_." for c in self.cluster_name):
+            errors.append(
+                f"cluster_name {self.cluster_name!r} must be letters, digits, '_' or '.'")
+        if errors:
+            raise ValueError("invalid configuration: " + "; ".join(errors))
+
+    @classmethod
+    def load(cls, toml_path: str | os.PathLike | None = None,
+             env: dict[str, str] | None = None, **overrides: Any) -> GridConfig:
+        """Defaults, then the TOML file, then SHMGRID_* variables, then overrides (not None)."""
+        values: dict[str, Any] = {}
+        if toml_path:
+            with open(toml_path, "rb") as f:
+                data = tomllib.load(f)
+            values.update(data.get("shmgrid", data))
+        env = os.environ if env is None else env
+        names = {f.name: f for f in fields(cls)}
+        for name in names:
+            raw = env.get(f"SHMGRID_{name.upper()}")
+            if raw is not None:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - set(names)
+        if unknown:
+            raise ValueError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+        return cls(**{k: _coerce(names[k].type, k, v) for k, v in values.items()})
+
+    def replace(self, **changes: Any) -> GridConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def registry_path(self) -> Path:
+        return registry_dir(self.registry_dir) / f"{self.cluster_name}.json"
+
+
+def registry_dir(configured: str = "") -> Path:
+    """Where registry files live: configured, $SHMGRID_REGISTRY_DIR, or a per-user temp dir."""
+    if configured:
+        return Path(configured)
+    if os.environ.get("SHMGRID_REGISTRY_DIR"):
+        return Path(os.environ["SHMGRID_REGISTRY_DIR"])
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"shmgrid-{os.getuid()}"
+
+
+def _coerce(type_name: Any, key: str, value: Any) -> Any:
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    try:
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        return str(value)
+    except ValueError:
+        raise ValueError(f"configuration key {key}: cannot read {value!r} as {kind}") from None

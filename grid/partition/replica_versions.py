@@ -1,0 +1,216 @@
+"""Replica version vectors per partition and namespace (seed 004, fine-grained anti-entropy).
+
+Each member keeps, per partition and per namespace (a map, i.e. one fragment), a vector of six
+versions: entry ``k - 1`` is the version of replica index ``k`` (1..6). A replica at index
+``k`` knows only entries ``k - 1`` and up; the hotter entries stay zero, because a replica holds
+a superset of what colder replicas hold.
+
+API (one ``ReplicaVersions`` per member; all methods are pure state changes, no I/O):
+
+- ``increment(pid, namespace, backup_count) -> tuple[int, ...]`` on the primary, for one
+  operation with ``backup_count`` sync + async backups: raises the first ``backup_count``
+  entries and returns the vector the backup operations carry.
+- ``apply_backup(pid, namespace, replica_index, versions) -> BackupDecision`` on a backup, for a
+  received backup operation; the decision says whether to apply the operation
+  (``decision.apply``) and whether to send a replica sync request (``decision.request_sync``):
+
+  ==============  =====================================================  =====  ====
+  decision        when (v: carried version, known: ours, at our index)   apply  sync
+  ==============  =====================================================  =====  ====
+  ``APPLY``       v == known + 1; versions are set                       yes    no
+  ``STALE``       v <= known (already applied, or older); ignored        no     no
+  ``APPLY_DIRTY`` v > known + 1 (something was missed); versions are     yes    yes
+                  set and the replica is marked dirty
+  ``SYNC_AGAIN``  the replica is already dirty, whatever v is; the       no     yes
+                  operation is dropped, the coming sync brings its data
+  ==============  =====================================================  =====  ====
+
+- ``needs_sync(pid, namespace, replica_index, primary_versions) -> bool``: the check of the
+  periodic anti-entropy task, on a backup, against the primary's vector.
+- ``set(pid, namespace, versions, replica_index=1)``: install versions after a replica sync
+  (entries from ``replica_index - 1`` on; hotter ones zero) and clear the dirty flag.
+- ``get``, ``is_dirty``, ``mark_dirty``, ``namespaces``, ``dirty_namespaces`` (to ask for the
+  sync of all inconsistent namespaces of a partition in one request), ``clear(pid, namespace=None)``
+  (forget one namespace, or the whole partition when this member no longer holds a replica).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Sequence
+
+from grid.partition.table import MAX_BACKUP_COUNT
+
+__all__ = ["REPLICA_VERSION_COUNT", "BackupDecision", "ReplicaVersions", "ReplicaVersionsError"]
+
+REPLICA_VERSION_COUNT = MAX_BACKUP_COUNT
+"""Length of a version vector: one entry per backup replica index 1..6."""
+
+assert REPLICA_VERSION_COUNT == 6
+
+Versions = tuple[int, ...]
+_ZERO: Versions = (0,) * REPLICA_VERSION_COUNT
+
+
+class ReplicaVersionsError(ValueError):
+    """A version vector, replica index or backup count is out of range."""
+
+
+class BackupDecision(enum.Enum):
+    """What a backup does with a received backup operation (see the module table)."""
+
+    APPLY = "APPLY"
+    STALE = "STALE"
+    APPLY_DIRTY = "APPLY_DIRTY"
+    SYNC_AGAIN = "SYNC_AGAIN"
+
+    @property
+    def apply(self) -> bool:
+        """Run the backup operation on the local replica."""
+        return self in (BackupDecision.APPLY, BackupDecision.APPLY_DIRTY)
+
+    @property
+    def request_sync(self) -> bool:
+        """Send a replica sync request for this partition and namespace to the primary."""
+        return self in (BackupDecision.APPLY_DIRTY, BackupDecision.SYNC_AGAIN)
+
+
+class _Entry:
+    __slots__ = ("versions", "dirty")
+
+    def __init__(self) -> None:
+        self.versions: list[int] = [0] * REPLICA_VERSION_COUNT
+        self.dirty = False
+
+
+def _check_vector(versions: Sequence[int]) -> Versions:
+    vector = tuple(versions)
+    if len(vector) != REPLICA_VERSION_COUNT:
+        raise ReplicaVersionsError(
+            f"a version vector has {REPLICA_VERSION_COUNT} entries, got {len(vector)}"
+        )
+    for version in vector:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ReplicaVersionsError(f"versions are ints >= 0, got {vector!r}")
+    return vector
+
+
+def _check_replica_index(replica_index: int) -> None:
+    if (
+        not isinstance(replica_index, int)
+        or isinstance(replica_index, bool)
+        or not 1 <= replica_index <= REPLICA_VERSION_COUNT
+    ):
+        raise ReplicaVersionsError(
+            f"a backup replica index is in 1..{REPLICA_VERSION_COUNT}, got {replica_index!r}"
+        )
+
+
+class ReplicaVersions:
+    """The replica version vectors a member knows, per partition and namespace."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[int, dict[Hashable, _Entry]] = {}
+
+    def _entry(self, pid: int, namespace: Hashable) -> _Entry:
+        namespaces = self._partitions.setdefault(pid, {})
+        entry = namespaces.get(namespace)
+        if entry is None:
+            entry = namespaces[namespace] = _Entry()
+        return entry
+
+    def _find(self, pid: int, namespace: Hashable) -> _Entry | None:
+        return self._partitions.get(pid, {}).get(namespace)
+
+    def get(self, pid: int, namespace: Hashable) -> Versions:
+        """The known vector; all zeros for a partition or namespace never seen."""
+        entry = self._find(pid, namespace)
+        return _ZERO if entry is None else tuple(entry.versions)
+
+    def is_dirty(self, pid: int, namespace: Hashable) -> bool:
+        """Whether this replica missed a backup and waits for a replica sync."""
+        entry = self._find(pid, namespace)
+        return entry is not None and entry.dirty
+
+    def namespaces(self, pid: int) -> list[Hashable]:
+        """Namespaces with versions in this partition, in the order first seen."""
+        return list(self._partitions.get(pid, {}))
+
+    def dirty_namespaces(self, pid: int) -> list[Hashable]:
+        """The namespaces of a partition that need a replica sync."""
+        return [ns for ns, entry in self._partitions.get(pid, {}).items() if entry.dirty]
+
+    def increment(self, pid: int, namespace: Hashable, backup_count: int) -> Versions:
+        """On the primary: one operation with ``backup_count`` (sync + async) backups."""
+        if (
+            not isinstance(backup_count, int)
+            or isinstance(backup_count, bool)
+            or not 0 <= backup_count <= REPLICA_VERSION_COUNT
+        ):
+            raise ReplicaVersionsError(
+                f"backup_count is in 0..{REPLICA_VERSION_COUNT}, got {backup_count!r}"
+            )
+        entry = self._entry(pid, namespace)
+        for k in range(backup_count):
+            entry.versions[k] += 1
+        return tuple(entry.versions)
+
+    def _install(self, entry: _Entry, vector: Versions, replica_index: int) -> None:
+        start = replica_index - 1
+        entry.versions[:start] = [0] * start
+        entry.versions[start:] = vector[start:]
+
+    def apply_backup(
+        self, pid: int, namespace: Hashable, replica_index: int, versions: Sequence[int]
+    ) -> BackupDecision:
+        """On a backup at ``replica_index``: decide on a backup operation carrying ``versions``."""
+        _check_replica_index(replica_index)
+        vector = _check_vector(versions)
+        entry = self._entry(pid, namespace)
+        if entry.dirty:
+            return BackupDecision.SYNC_AGAIN
+        known = entry.versions[replica_index - 1]
+        carried = vector[replica_index - 1]
+        if carried <= known:
+            return BackupDecision.STALE
+        self._install(entry, vector, replica_index)
+        if carried == known + 1:
+            return BackupDecision.APPLY
+        entry.dirty = True
+        return BackupDecision.APPLY_DIRTY
+
+    def needs_sync(
+        self, pid: int, namespace: Hashable, replica_index: int, primary_versions: Sequence[int]
+    ) -> bool:
+        """The periodic anti-entropy check: dirty, or our version differs from the primary's."""
+        _check_replica_index(replica_index)
+        vector = _check_vector(primary_versions)
+        entry = self._find(pid, namespace)
+        known = 0 if entry is None else entry.versions[replica_index - 1]
+        dirty = entry is not None and entry.dirty
+        return dirty or known != vector[replica_index - 1]
+
+    def set(
+        self, pid: int, namespace: Hashable, versions: Sequence[int], replica_index: int = 1
+    ) -> None:
+        """After a replica sync: take the primary's versions and clear the dirty flag."""
+        _check_replica_index(replica_index)
+        vector = _check_vector(versions)
+        entry = self._entry(pid, namespace)
+        self._install(entry, vector, replica_index)
+        entry.dirty = False
+
+    def mark_dirty(self, pid: int, namespace: Hashable) -> None:
+        """Flag a replica for sync (e.g. when anti-entropy found it behind)."""
+        self._entry(pid, namespace).dirty = True
+
+    def clear(self, pid: int, namespace: Hashable | None = None) -> None:
+        """Forget one namespace of a partition, or all of them (``namespace=None``)."""
+        if namespace is None:
+            self._partitions.pop(pid, None)
+            return
+        namespaces = self._partitions.get(pid)
+        if namespaces is not None:
+            namespaces.pop(namespace, None)
+            if not namespaces:
+                del self._partitions[pid]

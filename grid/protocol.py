@@ -1,0 +1,113 @@
+"""Message types and their frames.
+
+A message is a list of ZeroMQ frames: a msgpack header (a small map), then raw payload frames
+(serialized keys and values are never re-encoded). Requests carry ``op``, a correlation ``id``
+and the cluster name ``c``; replies carry the same ``id`` and ``ok``, or an error ``code`` and
+``msg``. Batches of raw entries travel as one frame: a msgpack array of bin items, or, where
+the receiver wants decoded objects, the serialized items laid end to end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from grid import errors
+
+# Client → member: map operations on one key (header: ns, pid; frames: key[, value]).
+GET, PUT, SET, REMOVE, DELETE = "get", "put", "set", "remove", "delete"
+PUT_IF_ABSENT, REPLACE, CONTAINS = "put_if_absent", "replace", "contains"
+KEY_OPS = frozenset({GET, PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE, CONTAINS})
+WRITE_KEY_OPS = frozenset({PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE})
+# Client → member: map operations on partitions (header: ns, pids[, counts]).
+PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, MOVE = (
+    "put_all", "get_all", "size", "clear", "entries", "move")
+PARTITION_OPS = frozenset({PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, MOVE})
+# Anyone → member: cluster views.
+TABLE, STATUS, PING = "table", "status", "ping"
+# Member ↔ member.
+JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
+    "join", "publish", "heartbeat", "backup", "fetch_state")
+# Supervisor → member.
+MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
+# Member → supervisor and CLI → supervisor.
+FENCE, STOP, ADD_MEMBER, SUPERVISOR_STATUS = "fence", "stop", "add_member", "supervisor_status"
+
+# Error codes in replies, and the client-side classes they become.
+WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT = (
+    "wrong_target", "not_ready", "migrating", "member_left")
+WRONG_CLUSTER, STATE, LITE, PROTOCOL, TOO_LARGE, SERVER, TIMEOUT = (
+    "wrong_cluster", "state", "lite", "protocol", "too_large", "server", "timeout")
+
+RETRYABLE_CODES = frozenset({WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT, TIMEOUT})
+_CODE_CLASSES: dict[str, type[errors.GridError]] = {
+    WRONG_TARGET: errors.WrongTargetError,
+    NOT_READY: errors.NotReadyError,
+    MIGRATING: errors.PartitionMigratingError,
+    MEMBER_LEFT: errors.MemberLeftError,
+    TIMEOUT: errors.MemberLeftError,
+    PROTOCOL: errors.ProtocolError,
+    SERVER: errors.ServerError,
+}
+
+
+def pack_header(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack_header(frame: bytes) -> dict[str, Any]:
+    """Decode a header frame; anything but a map with a str ``op`` or an ``id`` is an error."""
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise errors.ProtocolError(f"undecodable header: {exc.__class__.__name__}") from None
+    if not isinstance(header, dict):
+        raise errors.ProtocolError("header is not a map")
+    return header
+
+
+def request(op: str, rid: int, cluster: str, **fields: Any) -> bytes:
+    fields["op"], fields["id"], fields["c"] = op, rid, cluster
+    return pack_header(fields)
+
+
+def reply_ok(rid: Any, **fields: Any) -> bytes:
+    fields["id"], fields["ok"] = rid, True
+    return pack_header(fields)
+
+
+def reply_error(rid: Any, code: str, msg: str, **fields: Any) -> bytes:
+    fields["id"], fields["ok"], fields["code"], fields["msg"] = rid, False, code, msg
+    return pack_header(fields)
+
+
+def error_from_reply(header: dict[str, Any]) -> errors.GridError:
+    """The exception a client raises (or retries) for an error reply."""
+    code, msg = header.get("code", SERVER), str(header.get("msg", ""))
+    if code == STATE:
+        return errors.ClusterStateError(str(header.get("op", "operation")),
+                                        str(header.get("state", "?")))
+    if code == LITE:
+        return errors.MemberIsLiteError(str(header.get("member", "?")),
+                                        str(header.get("op", "operation")))
+    if code == TOO_LARGE:
+        return errors.ValueTooLargeError(int(header.get("size", 0)),
+                                         int(header.get("limit", 0)))
+    if code == WRONG_CLUSTER:
+        return errors.WrongClusterNameError(str(header.get("expected", "?")),
+                                            str(header.get("actual", "?")),
+                                            str(header.get("endpoint", "?")))
+    return _CODE_CLASSES.get(code, errors.ServerError)(msg)
+
+
+def pack_items(items: list[bytes]) -> bytes:
+    """A batch of raw byte items as one frame (a msgpack array of bin)."""
+    return msgpack.packb(items, use_bin_type=True)
+
+
+def unpack_items(frame: bytes) -> list[bytes]:
+    items = msgpack.unpackb(frame, raw=True, use_list=True)
+    if not isinstance(items, list) or not all(isinstance(i, bytes) for i in items):
+        raise errors.ProtocolError("batch payload is not an array of binary items")
+    return items

@@ -1,0 +1,157 @@
+"""Garbage on a member's socket, refused states and time-outs: clear errors, nothing broken."""
+
+import os
+import signal
+
+import msgpack
+import pytest
+import zmq
+
+import grid
+from grid import errors
+from grid import protocol as p
+from grid.client.registry import pid_alive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _raw(endpoint: str, messages: list[list[bytes]], wait_ms: int = 300) -> list[dict]:
+    """Send raw messages to a member; return the headers of whatever it answered."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    replies = []
+    try:
+        for frames in messages:
+            sock.send_multipart(frames)
+        while sock.poll(wait_ms):
+            replies.append(msgpack.unpackb(sock.recv_multipart()[0]))
+    finally:
+        ctx.destroy(linger=0)
+    return replies
+
+
+def _header(**fields) -> bytes:
+    return msgpack.packb(fields)
+
+
+GARBAGE = [
+    [os.urandom(64)],
+    [b"\xc1\xc1\xc1"],
+    [msgpack.packb([1, 2, 3])],
+    [_header(id=1)],
+    [_header(op="no_such_op", id=2)],
+    [_header(op=7, id=3)],
+    [_header(op="put", id=4, ns="m", pid=0)],  # no key frame
+    [_header(op="put", id=5, ns="m", pid=99999), b"k", b"v"],
+    [_header(op="get", id=6, ns=None, pid=0), b"k"],
+    [_header(op="put", id=7, ns="m", pid="x"), b"k", b"v"],
+    [_header(op="put_all", id=8, ns="m", pids=[0, 1], counts=[5]), b"\x90"],
+    [_header(op="put_all", id=9, ns="m", pids=[0], counts=[1]), b"not msgpack \xc1"],
+    [_header(op="get_all", id=10, ns="m", pids="all", counts=[1]), msgpack.packb([b"k"])],
+    [_header(op="backup", id=11, ns="m", kind="put", parts=[[0, "v", 1]]), b"\x91\xc4\x01k"],
+    [_header(op="backup", id=12, ns="m", kind="zap", parts=None), b""],
+    [_header(op="join", id=13, info=["x"])],
+    [_header(op="publish", id=14, members=[1, 2], table={"nope": 1})],
+    [_header(op="member_died", id=15)],
+    [_header(op="entries", id=16, ns="m", pids=[-1])],
+    [_header(op="set_state", id=17, state="DANCING")],
+    [_header(op="move", id=18, ns="m", target=5, pids=[0])],
+    [_header(op="get", id=19, c="other-cluster", ns="m", pid=0), b"k"],
+]
+
+
+def test_member_survives_garbage(grid_cluster):
+    members = grid_cluster.registry["members"]
+    for member in members:
+        replies = _raw(member["endpoint"], GARBAGE)
+        assert replies, "malformed requests with an id get an error reply"
+        assert all(r.get("ok") is False for r in replies), replies
+        assert {r.get("code") for r in replies} <= {p.PROTOCOL, p.WRONG_CLUSTER,
+                                                    p.WRONG_TARGET, p.NOT_READY}
+    assert all(pid_alive(m["pid"]) for m in members)
+    with grid_cluster.connect() as client:
+        m = client.get_map("after-garbage")
+        m.put_all({i: i for i in range(500)})
+        assert m.get_all(range(500)) == {i: i for i in range(500)}
+        assert client.cluster.is_safe()
+
+
+def test_oversized_message_drops_the_sender_not_the_member(cluster_factory, monkeypatch):
+    monkeypatch.setenv("SHMGRID_MAX_MESSAGE_BYTES", str(1 << 20))
+    cluster = cluster_factory(members=1, backup_count=0)
+    member = cluster.registry["members"][0]
+    replies = _raw(member["endpoint"], [[_header(op="get", id=1, ns="m", pid=0),
+                                         b"x" * (2 << 20)]], wait_ms=500)
+    assert replies == []
+    assert pid_alive(member["pid"])
+    with cluster.connect() as client:
+        client.get_map("m").put("k", "v")
+        assert client.get_map("m").get("k") == "v"
+
+
+def test_passive_cluster_refuses_writes_but_serves_reads(grid_cluster):
+    master = grid_cluster.registry["members"][0]["endpoint"]
+    with grid_cluster.connect() as client:
+        m = client.get_map("passive")
+        m.put("k", 1)
+        try:
+            [ok] = _raw(master, [[p.request(p.SET_STATE, 1, grid_cluster.cluster_name,
+                                            state="PASSIVE")]])
+            assert ok["ok"]
+            client.cluster.refresh()
+            for _ in range(50):  # the publish reaches the owner within a moment
+                try:
+                    m.put("k", 2)
+                except errors.ClusterStateError as exc:
+                    assert "PASSIVE" in str(exc)
+                    break
+            else:
+                pytest.fail("writes were not refused in PASSIVE")
+            assert m.get("k") in (1, 2)
+        finally:
+            _raw(master, [[p.request(p.SET_STATE, 2, grid_cluster.cluster_name,
+                                     state="ACTIVE")]])
+        for _ in range(50):
+            try:
+                m.put("k", 3)
+                break
+            except errors.ClusterStateError:
+                continue
+        assert m.get("k") == 3
+
+
+def test_lite_member_refuses_data_operations(cluster_factory):
+    cluster = cluster_factory(members=1, backup_count=0)
+    cluster.cli("add-member", "--lite")
+    lite = cluster.member("member-1")
+    with cluster.connect() as client:
+        reply = client._invoker.call(lite["endpoint"], p.GET, {"ns": "m", "pid": 0}, [b"k"])
+        err = p.error_from_reply(reply[0])
+        assert isinstance(err, errors.MemberIsLiteError)
+        assert "lite member" in str(err)
+        client.get_map("m").put("k", 1)  # routed to the data member
+        assert client.get_map("m").get("k") == 1
+
+
+def test_operation_timeout_names_the_operation_and_partition(cluster_factory):
+    cluster = cluster_factory(members=2)
+    owner_pid = cluster.member("member-1")["pid"]
+    with cluster.connect(invocation_timeout=1.5) as client:
+        owners = client.partition_owners()
+        uuid = cluster.member("member-1")["uuid"]
+        key = next(k for k in range(1000) if owners[client.partition_id(k)] == uuid)
+        os.kill(owner_pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(errors.OperationTimeoutError) as info:
+                client.get_map("m").get(key)
+            assert "get" in str(info.value)
+            assert f"partition {client.partition_id(key)}" in str(info.value)
+        finally:
+            os.kill(owner_pid, signal.SIGCONT)
+
+
+def test_connect_with_wrong_cluster_name_by_address(grid_cluster):
+    with pytest.raises(errors.WrongClusterNameError):
+        grid.connect(grid_cluster.address, cluster_name="wrong")

@@ -1,0 +1,132 @@
+"""The map API against a real 3-member cluster."""
+
+import pytest
+
+import grid
+from grid import errors
+from grid.serialization import partition_id_of, serialize_key
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def client(grid_cluster):
+    with grid_cluster.connect() as c:
+        yield c
+
+
+def test_single_key_operations(client, request):
+    m = client.get_map(request.node.name)
+    assert m.get("o1") is None
+    assert m.put("o1", {"qty": 3}) is None
+    assert m.get("o1") == {"qty": 3}
+    assert m.put("o1", {"qty": 4}) == {"qty": 3}
+    m.set("o2", [1, 2, 3])
+    assert m.get("o2") == [1, 2, 3]
+    assert m.put_if_absent("o2", "x") == [1, 2, 3]
+    assert m.put_if_absent("o3", "x") is None and m.get("o3") == "x"
+    assert m.replace("o4", "y") is None and not m.contains_key("o4")
+    assert m.replace("o3", "z") == "x" and m.get("o3") == "z"
+    assert m.contains_key("o1") and "o1" in m
+    assert m.remove("o1") == {"qty": 4} and m.get("o1") is None
+    assert m.remove("o1") is None
+    m.delete("o2")
+    assert m.size() == 1 and len(m) == 1
+    m["o5"] = 5
+    assert m["o5"] == 5
+    with pytest.raises(KeyError):
+        m["nope"]
+
+
+def test_every_key_type(client, request):
+    m = client.get_map(request.node.name)
+    keys = ["s", b"bytes", 7, -3, 2.5, True, ("t", 1, (b"x", 2.0))]
+    for i, k in enumerate(keys):
+        m.put(k, {"i": i, "nested": {"list": [1, "a", None]}, "b": b"\x00"})
+    for i, k in enumerate(keys):
+        assert m.get(k)["i"] == i
+    assert set(m.keys()) == set(keys)
+    assert m.get_all(keys)[("t", 1, (b"x", 2.0))]["i"] == 6
+
+
+def test_batches_and_scans(client, request):
+    m = client.get_map(request.node.name)
+    data = {f"k{i}": {"n": i} for i in range(5000)}
+    m.put_all(data)
+    assert m.size() == 5000
+    got = m.get_all(list(data)[:1000] + ["missing"])
+    assert got == {k: data[k] for k in list(data)[:1000]}
+    assert dict(m.items()) == data
+    assert sorted(m.values(), key=lambda v: v["n"]) == list(data.values())
+    batches = list(m.scan_partitions(range(client.partition_count), batch_size=1000))
+    assert sum(len(k) for k, _ in batches) == 5000
+    assert all(len(k) == len(v) for k, v in batches)
+    m.clear()
+    assert m.size() == 0 and m.items() == []
+
+
+def test_maps_are_separate_namespaces(client, request):
+    a = client.get_map(request.node.name + "-a")
+    b = client.get_map(request.node.name + "-b")
+    a.put("k", 1)
+    b.put("k", 2)
+    assert (a.get("k"), b.get("k")) == (1, 2)
+    a.clear()
+    assert b.get("k") == 2
+
+
+def test_move_to_replaces_the_target(client, request):
+    stage = client.get_map(request.node.name + "-stage")
+    target = client.get_map(request.node.name + "-target")
+    target.put_all({f"old{i}": i for i in range(100)})
+    stage.put_all({f"new{i}": i for i in range(50)})
+    stage.move_to(target.name)
+    assert stage.size() == 0
+    assert dict(target.items()) == {f"new{i}": i for i in range(50)}
+
+
+def test_partition_ids_and_cluster_view(client):
+    assert client.partition_count == 271
+    assert client.partition_id("o1") == partition_id_of(serialize_key("o1"), 271)
+    members = client.cluster.members
+    assert len(members) == 3 and client.cluster.master.name == "member-0"
+    assert client.cluster.state == "ACTIVE"
+    assert client.cluster.is_safe()
+    owners = client.partition_owners()
+    assert len(owners) == 271 and set(owners.values()) == {m.uuid for m in members}
+
+
+def test_connect_by_address(grid_cluster):
+    with grid.connect(grid_cluster.address) as c:
+        assert c.cluster_name == grid_cluster.cluster_name
+        c.get_map("by-address").put("k", "v")
+        assert c.get_map("by-address").get("k") == "v"
+    with pytest.raises(errors.WrongClusterNameError, match="belongs to cluster"):
+        grid.connect(grid_cluster.address, cluster_name="other")
+
+
+def test_user_errors(client, grid_cluster, request):
+    m = client.get_map(request.node.name)
+    with pytest.raises(errors.KeyNotSerializableError):
+        m.put(["a", "list"], 1)
+    with pytest.raises(errors.KeyNotSerializableError):
+        m.get({"a": 1})
+    with pytest.raises(errors.ValueNotSerializableError):
+        m.put("k", object())
+    with grid.connect(cluster_name=grid_cluster.cluster_name,
+                      config=grid.GridConfig(cluster_name=grid_cluster.cluster_name,
+                                             max_value_bytes=1000)) as small:
+        with pytest.raises(errors.ValueTooLargeError, match="1000"):
+            small.get_map("m").put("k", b"x" * 2000)
+        with pytest.raises(errors.ValueTooLargeError):
+            small.get_map("m").put_all({"k": b"x" * 2000})
+    assert m.size() == 0, "nothing was written by refused calls"
+    with pytest.raises(ValueError):
+        client.get_map("")
+
+
+def test_no_cluster_errors(tmp_path):
+    with pytest.raises(errors.ClusterNotRunningError, match="nothere.json"):
+        grid.connect(cluster_name="nothere")
+    with pytest.raises(errors.ClusterNotRunningError):
+        grid.connect("tcp://127.0.0.1:9", invocation_timeout=2)

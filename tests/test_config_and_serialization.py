@@ -1,0 +1,106 @@
+import subprocess
+import sys
+
+import mmh3
+import pytest
+
+from grid import errors
+from grid import protocol as p
+from grid.config import GridConfig
+from grid.serialization import (
+    decode_concatenated,
+    deserialize_key,
+    partition_id_of,
+    serialize_key,
+    serialize_value,
+)
+
+
+def test_defaults_are_the_seeds():
+    c = GridConfig()
+    assert (c.partition_count, c.backup_count, c.max_parallel_migrations) == (271, 1, 10)
+    assert c.migration_fragments_enabled and not c.migration_stale_read_disabled
+    assert c.backup_sync_interval == 30 and c.heartbeat_interval == 1
+    assert c.heartbeat_timeout == 10 and c.invocation_timeout == 60
+
+
+def test_toml_then_env_then_arguments(tmp_path):
+    f = tmp_path / "grid.toml"
+    f.write_text('[shmgrid]\nbackup_count = 2\npartition_count = 31\nmembers = 5\n')
+    env = {"SHMGRID_PARTITION_COUNT": "17", "SHMGRID_MIGRATION_FRAGMENTS_ENABLED": "false"}
+    c = GridConfig.load(f, env=env, members=4)
+    assert (c.backup_count, c.partition_count, c.members) == (2, 17, 4)
+    assert c.migration_fragments_enabled is False
+
+
+@pytest.mark.parametrize("kwargs", [{"backup_count": 7}, {"partition_count": 0},
+                                    {"cluster_name": "a-b"}, {"heartbeat_timeout": 0.5},
+                                    {"backup_count": 4, "async_backup_count": 3}])
+def test_bad_configuration_is_refused_with_a_reason(kwargs):
+    with pytest.raises(ValueError, match="invalid configuration"):
+        GridConfig(**kwargs)
+
+
+def test_unknown_key_and_bad_env_value():
+    with pytest.raises(ValueError, match="unknown configuration keys: colour"):
+        GridConfig.load(env={}, colour="red")
+    with pytest.raises(ValueError, match="SHMGRID|backup_count"):
+        GridConfig.load(env={"SHMGRID_BACKUP_COUNT": "two"})
+
+
+def test_partition_of_a_key_is_the_non_negative_murmur3_of_its_bytes():
+    kb = serialize_key("o1")
+    h = mmh3.hash(kb, 0, True)
+    assert partition_id_of(kb, 271) == abs(h) % 271
+    assert partition_id_of(kb, 271) == partition_id_of(serialize_key("o1"), 271)
+
+
+def test_same_partition_in_another_process():
+    keys = ["o1", 42, 3.5, True, b"raw", ("a", 1, (b"x", False))]
+    ours = [partition_id_of(serialize_key(k), 271) for k in keys]
+    code = ("from grid.serialization import *;"
+            f"print([partition_id_of(serialize_key(k), 271) for k in {keys!r}])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert out.stdout.strip() == str(ours)
+
+
+@pytest.mark.parametrize("key", [None, [1, 2], {"a": 1}, object(), ("a", [1]), 2**70])
+def test_keys_that_cannot_be_keys(key):
+    with pytest.raises(errors.KeyNotSerializableError, match="cannot be a grid key"):
+        serialize_key(key)
+
+
+def test_keys_round_trip_with_tuples():
+    for key in ["s", b"b", 1, -5, 2.5, False, ("t", (1, b"x"))]:
+        assert deserialize_key(serialize_key(key)) == key
+
+
+def test_values_that_cannot_be_serialized():
+    with pytest.raises(errors.ValueNotSerializableError):
+        serialize_value(object())
+
+
+def test_concatenated_decode_of_any_count():
+    for n in (0, 1, 15, 16, 17, 70000):
+        items = [serialize_value(i) for i in range(n)]
+        assert decode_concatenated(b"".join(items), n) == list(range(n))
+
+
+def test_error_replies_become_the_right_exceptions():
+    def err(code, **fields):
+        return p.error_from_reply(p.unpack_header(p.reply_error(1, code, "m", **fields)))
+
+    assert isinstance(err(p.WRONG_TARGET), errors.WrongTargetError)
+    assert err(p.WRONG_TARGET).retryable and err(p.MEMBER_LEFT).retryable
+    assert isinstance(err(p.STATE, op="put", state="PASSIVE"), errors.ClusterStateError)
+    assert isinstance(err(p.LITE, member="m", op="get"), errors.MemberIsLiteError)
+    assert isinstance(err(p.TOO_LARGE, size=9, limit=1), errors.ValueTooLargeError)
+    assert isinstance(err("whatever"), errors.ServerError)
+    assert not err(p.PROTOCOL).retryable
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", b"\xa3abc", b"\x81"])
+def test_undecodable_headers_are_protocol_errors(frame):
+    with pytest.raises(errors.ProtocolError):
+        p.unpack_header(frame)

@@ -1,0 +1,41 @@
+"""Fixtures that give each test its own segment prefix and prove it left /dev/shm clean."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from workers.record_store import RecordStore
+from workers.shm import list_segments, remove_segments
+
+
+def unique_prefix() -> str:
+    """A prefix no other test (or concurrent run) uses: shmgrid-{cluster}-{member}."""
+    return f"shmgrid-t{uuid.uuid4().hex[:16]}-0"
+
+
+@pytest.fixture
+def shm_prefix() -> Iterator[str]:
+    """A unique prefix; after the test, no segment with it may remain (removed either way)."""
+    prefix = unique_prefix()
+    yield prefix
+    leaked = remove_segments(prefix)
+    assert leaked == [], f"test left segments in /dev/shm: {leaked}"
+    assert list_segments(prefix) == []
+
+
+@pytest.fixture
+def make_store(shm_prefix: str) -> Iterator[Callable[..., RecordStore]]:
+    """Build stores on the test's prefix; every one is closed after the test, even on failure."""
+    stores: list[RecordStore] = []
+
+    def make(**options: int) -> RecordStore:
+        store = RecordStore(shm_prefix, **options)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()

@@ -1,0 +1,607 @@
+"""The shared-memory record store against a dict model, plus its growth, collisions and cleanup."""
+
+from __future__ import annotations
+
+import array
+import gc
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from tests.workers.conftest import unique_prefix
+from workers import record_store
+from workers.record_store import (
+    RecordStore,
+    RecordStoreClosedError,
+    ValueTooLargeError,
+    header_bytes,
+)
+from workers.shm import SHM_DIR, list_segments, remove_segments
+
+NS = "map"
+
+
+def segment_bytes_on_disk(prefix: str) -> int:
+    return sum(os.stat(os.path.join(SHM_DIR, name)).st_size for name in list_segments(prefix))
+
+
+def fragment_count(store: RecordStore) -> int:
+    return sum(len(store.namespaces(pid)) for pid in store.partitions())
+
+
+# -- basics -----------------------------------------------------------------------------------
+
+
+def test_put_get_overwrite_remove(make_store) -> None:
+    store = make_store()
+    assert store.get(1, NS, b"k") is None
+    assert store.put(1, NS, b"k", b"v1") is None
+    assert store.get(1, NS, b"k") == b"v1"
+    assert store.put(1, NS, b"k", b"v2") == b"v1"  # same size: written in place
+    assert store.put(1, NS, b"k", b"value-3") == b"v2"  # new size: appended, old is garbage
+    assert store.get(1, NS, b"k") == b"value-3"
+    assert store.contains(1, NS, b"k")
+    assert store.size(1, NS) == 1
+    assert store.remove(1, NS, b"k") == b"value-3"
+    assert store.remove(1, NS, b"k") is None
+    assert not store.contains(1, NS, b"k")
+    assert store.size(1, NS) == 0
+    assert store.get(2, NS, b"k") is None
+    assert store.get(1, "other", b"k") is None
+    store._check()
+
+
+def test_fragments_are_separate(make_store, shm_prefix: str) -> None:
+    store = make_store()
+    store.put(1, "a", b"k", b"1a")
+    store.put(1, "b", b"k", b"1b")
+    store.put(2, "a", b"k", b"2a")
+    assert [store.get(p, n, b"k") for p, n in [(1, "a"), (1, "b"), (2, "a")]] == [
+        b"1a",
+        b"1b",
+        b"2a",
+    ]
+    assert store.namespaces(1) == ["a", "b"]
+    assert store.namespaces(3) == []
+    assert store.partitions() == [1, 2]
+    assert len(list_segments(shm_prefix)) == 3  # one segment per fragment
+    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix) == 3 * 64 * 1024
+
+
+def test_bytes_like_keys_and_values_are_accepted_and_bytes_come_back(make_store) -> None:
+    store = make_store()
+    ints = array.array("i", [1, 2, 3])
+    strided = memoryview(b"abcdef")[::2]
+    store.put(1, NS, bytearray(b"k1"), memoryview(b"v1"))
+    store.put(1, NS, memoryview(b"k2"), ints)
+    store.put(1, NS, b"k3", strided)
+    store.put_many(1, NS, [(bytearray(b"k4"), bytearray(b"v4")), (b"k5", memoryview(ints))])
+    assert store.get(1, NS, memoryview(b"k1")) == b"v1"
+    assert store.get(1, NS, b"k2") == ints.tobytes()
+    assert store.get(1, NS, bytearray(b"k3")) == b"ace"
+    assert store.get_many(1, NS, [b"k4", bytearray(b"k5"), b"nope"]) == [
+        b"v4",
+        ints.tobytes(),
+        None,
+    ]
+    for key, value in store.items(1, NS):
+        assert type(key) is bytes
+        assert type(value) is bytes
+    assert type(store.remove(1, NS, b"k1")) is bytes
+
+
+def test_empty_keys_and_values(make_store) -> None:
+    store = make_store()
+    assert store.put(1, NS, b"", b"") is None
+    assert store.put(1, NS, b"e", b"") is None
+    assert store.get(1, NS, b"") == b""
+    assert store.get(1, NS, b"e") == b""
+    assert store.put(1, NS, b"", b"x") == b""
+    assert sorted(store.items(1, NS)) == [(b"", b"x"), (b"e", b"")]
+    store._check()
+
+
+def test_non_bytes_keys_values_and_ids_are_refused_without_a_segment(
+    make_store, shm_prefix: str
+) -> None:
+    store = make_store()
+    with pytest.raises(TypeError):
+        store.put(1, NS, "text", b"v")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.put(1, NS, b"k", 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.put(-1, NS, b"k", b"v")
+    with pytest.raises(TypeError):
+        store.put(1, 7, b"k", b"v")  # type: ignore[arg-type]
+    assert list_segments(shm_prefix) == []
+    assert store.partitions() == []
+
+
+def test_the_heap_holds_no_key_or_value_bytes(make_store, monkeypatch) -> None:
+    """Walk everything the store references: indexes hold ints, segments hold the bytes."""
+    monkeypatch.setattr(record_store, "key_hash", lambda key: len(key) % 3)  # tuple entries too
+    store = make_store(initial_segment_bytes=4096)
+    for pid in range(3):
+        store.put_many(pid, NS, [(b"key-%d" % i, b"value-%d" % i) for i in range(300)])
+        for i in range(0, 300, 2):
+            store.put(pid, NS, b"key-%d" % i, b"overwritten")
+    pending = store.items(0, NS)
+    seen: set[int] = set()
+    stack: list[object] = [store]
+    found: list[object] = []
+    for _ in range(1_000_000):
+        if not stack:
+            break
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, type):
+            continue
+        seen.add(id(item))
+        if isinstance(item, bytes | bytearray | memoryview):
+            found.append(item)
+        stack.extend(gc.get_referents(item))
+    assert not stack, "walk did not finish"
+    assert found == []
+    del pending
+
+
+def test_missing_fragments_read_as_empty(make_store) -> None:
+    store = make_store()
+    assert store.get_many(5, NS, [b"a", b"b"]) == [None, None]
+    assert list(store.items(5, NS)) == []
+    assert store.size(5, NS) == 0
+    assert store.clear(5, NS) == 0
+    store.drop_partition(5)
+    store.put_many(5, NS, [])
+    assert store.partitions() == []
+    assert store.shm_bytes() == 0
+
+
+def test_constructor_checks_its_arguments(shm_prefix: str) -> None:
+    with pytest.raises(ValueError):
+        RecordStore("not-shmgrid")
+    with pytest.raises(ValueError):
+        RecordStore(shm_prefix, initial_segment_bytes=0)
+    with pytest.raises(ValueError):
+        RecordStore(shm_prefix, max_record_bytes=1 << 32)
+    assert list_segments(shm_prefix) == []
+
+
+# -- too large --------------------------------------------------------------------------------
+
+
+def test_too_large_record_changes_nothing(make_store, shm_prefix: str) -> None:
+    limit = 1000
+    store = make_store(initial_segment_bytes=4096, max_record_bytes=limit)
+    fits = b"v" * (limit - header_bytes - 1)
+    assert store.put(1, NS, b"k", fits) is None  # exactly at the limit
+    shm_before = store.shm_bytes()
+    segments_before = list_segments(shm_prefix)
+    with pytest.raises(ValueTooLargeError) as caught:
+        store.put(1, NS, b"k", fits + b"x")
+    assert isinstance(caught.value, ValueError)
+    assert "1001 bytes" in str(caught.value)
+    assert "1000" in str(caught.value)
+    assert (caught.value.record_bytes, caught.value.limit_bytes) == (1001, 1000)
+    with pytest.raises(ValueTooLargeError):
+        store.put(2, NS, b"k", b"x" * 5000)  # would have made a new fragment
+    with pytest.raises(ValueTooLargeError):
+        store.put_many(1, NS, [(b"a", b"1"), (b"k", b"2"), (b"big", b"x" * limit)])
+    assert store.get(1, NS, b"k") == fits
+    assert store.get(1, NS, b"a") is None
+    assert store.size(1, NS) == 1
+    assert store.partitions() == [1]
+    assert store.shm_bytes() == shm_before
+    assert list_segments(shm_prefix) == segments_before
+    store._check()
+
+
+# -- growth and compaction --------------------------------------------------------------------
+
+
+def test_growth_keeps_every_record_and_one_segment_per_fragment(
+    make_store, shm_prefix: str
+) -> None:
+    store = make_store(initial_segment_bytes=4096)
+    model = {}
+    for i in range(3000):
+        key = b"key-%d" % i
+        model[key] = os.urandom(i % 97)
+        store.put(3, NS, key, model[key])
+        if i % 500 == 0:
+            assert len(list_segments(shm_prefix)) == 1
+    assert store.size(3, NS) == len(model)
+    assert dict(store.items(3, NS)) == model
+    assert store.get_many(3, NS, list(model)) == list(model.values())
+    assert len(list_segments(shm_prefix)) == 1
+    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix)
+    store._check()
+
+
+def test_a_record_larger_than_the_segment_gets_a_segment_that_fits(make_store) -> None:
+    store = make_store(initial_segment_bytes=4096)
+    store.put(1, NS, b"small", b"s")
+    big = os.urandom(100_000)
+    store.put(1, NS, b"big", big)
+    store.put(2, NS, b"big", big)  # a new fragment sized for its first record
+    assert store.get(1, NS, b"big") == big
+    assert store.get(2, NS, b"big") == big
+    assert store.get(1, NS, b"small") == b"s"
+    store._check()
+
+
+def test_overwrites_keep_shm_bytes_bounded(make_store, shm_prefix: str) -> None:
+    initial = 4096
+    store = make_store(initial_segment_bytes=initial)
+    keys = [b"k%d" % i for i in range(50)]
+    shm_max = 0
+    for round_index in range(400):
+        value = b"x" * (10 + round_index % 30)  # sizes change, so overwrites leave garbage
+        for key in keys:
+            store.put(1, NS, key, value)
+        shm_max = max(shm_max, store.shm_bytes())
+    live_max = len(keys) * (header_bytes + 3 + 39)
+    # Doubling happens only while live > capacity / 2, so capacity stays under 4x live.
+    assert shm_max <= max(initial, 4 * live_max + 4096)
+    assert len(list_segments(shm_prefix)) == 1
+    assert store.get_many(1, NS, keys) == [b"x" * (10 + 399 % 30)] * len(keys)
+    store._check()
+
+
+def test_removing_everything_reuses_the_arena(make_store, shm_prefix: str) -> None:
+    store = make_store(initial_segment_bytes=4096)
+    segments_first = list_segments(shm_prefix)
+    store.put(1, NS, b"a", b"1")
+    segments_first = list_segments(shm_prefix)
+    for _ in range(1000):
+        store.put(1, NS, b"a", b"12")
+        store.remove(1, NS, b"a")
+    assert list_segments(shm_prefix) == segments_first  # no compaction was needed
+    store._check()
+
+
+# -- collisions -------------------------------------------------------------------------------
+
+
+def test_colliding_hashes_are_told_apart_by_the_key_bytes(make_store, monkeypatch) -> None:
+    monkeypatch.setattr(record_store, "key_hash", lambda key: 42)
+    store = make_store(initial_segment_bytes=4096)
+    model = {b"c%d" % i: b"v%d" % i * (i % 7) for i in range(200)}
+    for key, value in model.items():
+        assert store.put(1, NS, key, value) is None
+    assert store.get(1, NS, b"absent") is None
+    assert not store.contains(1, NS, b"absent")
+    assert store.remove(1, NS, b"absent") is None
+    for i in range(0, 200, 3):
+        key = b"c%d" % i
+        assert store.remove(1, NS, key) == model.pop(key)
+    for i in range(1, 200, 5):
+        key = b"c%d" % i
+        model[key] = b"new" * i
+        store.put(1, NS, key, model[key])
+    store.put_many(1, NS, [(b"c1", b"batch"), (b"fresh", b"f")])
+    model[b"c1"] = b"batch"
+    model[b"fresh"] = b"f"
+    assert store.size(1, NS) == len(model)
+    assert dict(store.items(1, NS)) == model
+    assert store.get_many(1, NS, list(model)) == list(model.values())
+    store._check()
+    for key in list(model):
+        assert store.remove(1, NS, key) == model.pop(key)
+    assert store.size(1, NS) == 0
+    store._check()
+
+
+# -- clear, drop, close -----------------------------------------------------------------------
+
+
+def test_clear_unlinks_the_fragment_segment(make_store, shm_prefix: str) -> None:
+    store = make_store()
+    store.put_many(1, "a", [(b"k%d" % i, b"v") for i in range(10)])
+    store.put(1, "b", b"k", b"v")
+    assert len(list_segments(shm_prefix)) == 2
+    assert store.clear(1, "a") == 10
+    assert len(list_segments(shm_prefix)) == 1
+    assert store.namespaces(1) == ["b"]
+    assert store.get(1, "a", b"k1") is None
+    assert store.clear(1, "a") == 0
+    assert store.clear(1, "b") == 1
+    assert list_segments(shm_prefix) == []
+    assert store.partitions() == []
+    assert store.shm_bytes() == 0
+    store.put(1, "a", b"again", b"v")  # a cleared fragment can be written again
+    assert store.get(1, "a", b"again") == b"v"
+
+
+def test_drop_partition_unlinks_every_namespace(make_store, shm_prefix: str) -> None:
+    store = make_store()
+    for namespace in ("a", "b", "c"):
+        store.put(1, namespace, b"k", b"v")
+    store.put(2, "a", b"k", b"v")
+    assert len(list_segments(shm_prefix)) == 4
+    store.drop_partition(1)
+    store.drop_partition(1)
+    assert store.partitions() == [2]
+    assert store.namespaces(1) == []
+    assert len(list_segments(shm_prefix)) == 1
+    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix)
+
+
+def test_close_is_idempotent_and_leaves_nothing(shm_prefix: str) -> None:
+    store = RecordStore(shm_prefix, initial_segment_bytes=4096)
+    try:
+        for pid in range(20):
+            store.put_many(pid, NS, [(b"k%d" % i, b"v" * 30) for i in range(300)])
+        assert len(list_segments(shm_prefix)) == 20
+    finally:
+        store.close()
+    assert list_segments(shm_prefix) == []
+    store.close()
+    assert store.get(1, NS, b"k1") is None
+    assert store.partitions() == []
+    with pytest.raises(RecordStoreClosedError):
+        store.put(1, NS, b"k", b"v")
+    assert list_segments(shm_prefix) == []
+
+
+def test_context_manager_closes(shm_prefix: str) -> None:
+    with RecordStore(shm_prefix) as store:
+        store.put(1, NS, b"k", b"v")
+        assert len(list_segments(shm_prefix)) == 1
+    assert list_segments(shm_prefix) == []
+
+
+def test_stale_segment_names_are_skipped(make_store, shm_prefix: str) -> None:
+    from workers.shm import Segment
+
+    stale = Segment(f"{shm_prefix}-0", 4096)  # as if left by an earlier process
+    stale.close()
+    store = make_store()
+    store.put(1, NS, b"k", b"v")
+    assert list_segments(shm_prefix) == [f"{shm_prefix}-0", f"{shm_prefix}-1"]
+    store.close()
+    assert list_segments(shm_prefix) == [stale.name]
+    assert remove_segments(shm_prefix) == [stale.name]
+
+
+# -- iteration while mutating -----------------------------------------------------------------
+
+
+def test_items_is_a_snapshot_across_writes_and_compaction(make_store, shm_prefix: str) -> None:
+    store = make_store(initial_segment_bytes=4096)
+    model = {b"k%d" % i: b"v%d" % i for i in range(100)}
+    store.put_many(1, NS, model.items())
+    seen = {}
+    iterator = store.items(1, NS)
+    for count, (key, value) in enumerate(iterator):
+        seen[key] = value
+        if count == 10:
+            for i in range(100):
+                store.put(1, NS, b"k%d" % i, b"changed")  # same and new sizes
+            store.remove(1, NS, b"k99")
+            for i in range(2000):  # forces compactions into bigger segments
+                store.put(1, NS, b"new%d" % i, b"n" * 20)
+            # The iterator's retired segment is unlinked already, only still mapped.
+            assert len(list_segments(shm_prefix)) == 1
+    assert seen == model
+    assert store.get(1, NS, b"k5") == b"changed"
+    assert store.size(1, NS) == 99 + 2000
+    store._check()
+
+
+def test_items_snapshot_holds_when_records_could_be_rewritten_in_place(make_store) -> None:
+    """Same-size overwrites and an emptied arena reuse memory, but not under an iterator."""
+    store = make_store()
+    model = {b"k%d" % i: b"%03d" % i for i in range(20)}
+    store.put_many(1, NS, model.items())
+    same_size = store.items(1, NS)
+    for key in model:
+        store.put(1, NS, key, b"new")  # same size as every old value
+    emptied = store.items(1, NS)
+    for key in model:
+        store.remove(1, NS, key)
+    store.put_many(1, NS, [(b"x%d" % i, b"y" * 9) for i in range(20)])
+    assert dict(same_size) == model
+    assert dict(emptied) == dict.fromkeys(model, b"new")
+    store.put_many(1, NS, dict.fromkeys(model, b"abc").items())
+    fragment = store._partitions[1][NS]
+    garbage_bytes_before = fragment.garbage_bytes
+    for key in model:  # no iterator left: now same-size overwrites are written in place
+        assert store.put(1, NS, key, b"def") == b"abc"
+    assert fragment.garbage_bytes == garbage_bytes_before
+    store._check()
+
+
+def test_items_survives_clear_drop_and_close(make_store, shm_prefix: str) -> None:
+    store = make_store()
+    model = {b"k%d" % i: b"v" * i for i in range(50)}
+    store.put_many(1, NS, model.items())
+    store.put_many(2, NS, model.items())
+    first = store.items(1, NS)
+    second = store.items(2, NS)
+    assert next(first) in model.items()
+    store.clear(1, NS)
+    store.drop_partition(2)
+    assert list_segments(shm_prefix) == []
+    assert len(list(first)) == len(model) - 1
+    store.close()
+    assert dict(second) == model
+
+
+def test_an_abandoned_iterator_releases_its_segment(make_store) -> None:
+    store = make_store()
+    store.put_many(1, NS, [(b"k%d" % i, b"v") for i in range(10)])
+    segment = store._partitions[1][NS].segment
+    started = store.items(1, NS)
+    next(started)
+    unstarted = store.items(1, NS)
+    assert segment.pin_count == 2
+    del started, unstarted
+    gc.collect()
+    assert segment.pin_count == 0
+    store.clear(1, NS)
+    assert segment.closed
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+KEYS = [b"", b"a", b"b", b"ab", b"ba", b"abc", b"key-1", b"key-22", b"\x00\xff"]
+keys_small = st.one_of(st.sampled_from(KEYS), st.binary(min_size=0, max_size=6))
+values_any = st.binary(min_size=0, max_size=300)
+pids = st.integers(min_value=0, max_value=1)
+namespaces = st.sampled_from(["a", "b"])
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Every store operation against a dict per fragment, with pending snapshot iterators."""
+
+    hash_override = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefix = unique_prefix()
+        self.hash_original = record_store.key_hash
+        if self.hash_override is not None:
+            record_store.key_hash = self.hash_override
+        self.store = RecordStore(self.prefix, initial_segment_bytes=256, max_record_bytes=400)
+        self.model: dict[tuple[int, str], dict[bytes, bytes]] = {}
+        self.iterators: list[tuple[object, dict[bytes, bytes]]] = []
+
+    def fragment(self, pid: int, namespace: str) -> dict[bytes, bytes]:
+        return self.model.setdefault((pid, namespace), {})
+
+    @initialize()
+    def start(self) -> None:
+        assert list_segments(self.prefix) == []
+
+    @rule(pid=pids, namespace=namespaces, key=keys_small, value=values_any)
+    def put(self, pid: int, namespace: str, key: bytes, value: bytes) -> None:
+        if header_bytes + len(key) + len(value) > 400:
+            with pytest.raises(ValueTooLargeError):
+                self.store.put(pid, namespace, key, value)
+            return
+        old = self.fragment(pid, namespace).get(key)
+        assert self.store.put(pid, namespace, key, value) == old
+        self.fragment(pid, namespace)[key] = value
+
+    @rule(
+        pid=pids,
+        namespace=namespaces,
+        pairs=st.lists(st.tuples(keys_small, st.binary(max_size=60)), max_size=30),
+    )
+    def put_many(self, pid: int, namespace: str, pairs: list[tuple[bytes, bytes]]) -> None:
+        self.store.put_many(pid, namespace, iter(pairs))
+        if pairs:
+            self.fragment(pid, namespace).update(pairs)
+
+    @rule(pid=pids, namespace=namespaces, value_size=st.integers(min_value=0, max_value=40))
+    def rewrite_all(self, pid: int, namespace: str, value_size: int) -> None:
+        """Overwrite every key of a fragment: garbage piles up and the arena compacts."""
+        fragment = self.model.get((pid, namespace), {})
+        for index, (key, old) in enumerate(sorted(fragment.items())):
+            value = bytes([index % 256]) * value_size
+            assert self.store.put(pid, namespace, key, value) == old
+            fragment[key] = value
+
+    @rule(pid=pids, namespace=namespaces, key=keys_small)
+    def get(self, pid: int, namespace: str, key: bytes) -> None:
+        expected = self.model.get((pid, namespace), {}).get(key)
+        assert self.store.get(pid, namespace, key) == expected
+        assert self.store.contains(pid, namespace, key) == (expected is not None)
+
+    @rule(pid=pids, namespace=namespaces, keys=st.lists(keys_small, max_size=10))
+    def get_many(self, pid: int, namespace: str, keys: list[bytes]) -> None:
+        fragment = self.model.get((pid, namespace), {})
+        assert self.store.get_many(pid, namespace, keys) == [fragment.get(k) for k in keys]
+
+    @rule(pid=pids, namespace=namespaces, key=keys_small)
+    def remove(self, pid: int, namespace: str, key: bytes) -> None:
+        expected = self.model.get((pid, namespace), {}).pop(key, None)
+        assert self.store.remove(pid, namespace, key) == expected
+
+    @rule(pid=pids, namespace=namespaces, draw=st.integers(min_value=0, max_value=3))
+    def clear(self, pid: int, namespace: str, draw: int) -> None:
+        if draw != 0:
+            return  # rarer than writes, so that arenas fill up and compact
+        expected = len(self.model.pop((pid, namespace), {}))
+        assert self.store.clear(pid, namespace) == expected
+
+    @rule(pid=pids, draw=st.integers(min_value=0, max_value=3))
+    def drop_partition(self, pid: int, draw: int) -> None:
+        if draw != 0:
+            return
+        for namespace in ("a", "b"):
+            self.model.pop((pid, namespace), None)
+        self.store.drop_partition(pid)
+        assert self.store.namespaces(pid) == []
+
+    @rule(pid=pids, namespace=namespaces)
+    def start_items(self, pid: int, namespace: str) -> None:
+        snapshot = dict(self.model.get((pid, namespace), {}))
+        self.iterators.append((self.store.items(pid, namespace), snapshot))
+
+    @precondition(lambda self: self.iterators)
+    @rule(which=st.integers(min_value=0, max_value=10))
+    def finish_items(self, which: int) -> None:
+        iterator, snapshot = self.iterators.pop(which % len(self.iterators))
+        pairs = list(iterator)
+        assert len(pairs) == len(snapshot)
+        assert dict(pairs) == snapshot
+
+    @invariant()
+    def sizes_and_fragments_agree(self) -> None:
+        for (pid, namespace), fragment in self.model.items():
+            assert self.store.size(pid, namespace) == len(fragment)
+        self.store._check()
+        partitions = sorted({pid for pid, _ in self.model})
+        assert set(self.store.partitions()) <= set(partitions)
+        # One linked segment per fragment, and shm_bytes counts exactly those.
+        assert len(list_segments(self.prefix)) == fragment_count(self.store)
+        assert self.store.shm_bytes() == segment_bytes_on_disk(self.prefix)
+
+    def teardown(self) -> None:
+        try:
+            self.iterators.clear()
+            self.store.close()
+            assert list_segments(self.prefix) == []
+        finally:
+            remove_segments(self.prefix)
+            record_store.key_hash = self.hash_original
+
+
+class CollidingStoreMachine(StoreMachine):
+    """The same model with a hash of only 4 values, so most keys collide."""
+
+    hash_override = staticmethod(lambda key: len(key) % 4)
+
+
+machine_settings = settings(
+    max_examples=60,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestStoreModel = StoreMachine.TestCase
+TestStoreModel.settings = machine_settings
+TestCollidingStoreModel = CollidingStoreMachine.TestCase
+TestCollidingStoreModel.settings = machine_settings
+
+
+def test_move_fragment_replaces_the_target_and_empties_the_source(make_store) -> None:
+    store = make_store()
+    store.put(3, "stage", b"a", b"1")
+    store.put(3, "stage", b"b", b"2")
+    store.put(3, "live", b"old", b"x")
+    assert store.move_fragment(3, "stage", "live") == 2
+    assert dict(store.items(3, "live")) == {b"a": b"1", b"b": b"2"}
+    assert store.size(3, "stage") == 0 and store.get(3, "live", b"old") is None
+    assert store.move_fragment(3, "stage", "live") == 0
+    assert store.size(3, "live") == 0, "moving an empty source empties the target"

@@ -1,0 +1,388 @@
+"""The member's part in the cluster: joining, the member list and partition table it follows,
+heartbeats, and, on the master, the only changes ever made to both (seed 002, section 1).
+
+The decisions (what a removal does to the table, who is master, whether the cluster is safe)
+are the pure functions of ``grid.cluster``; this module moves their inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from grid import protocol as p
+from grid.cluster.membership import MemberInfo, MemberList
+from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
+from grid.cluster.state import ClusterState
+from grid.partition.table import PartitionTable, PartitionTableError
+
+if TYPE_CHECKING:
+    from workers.member import Member
+
+log = logging.getLogger("shmgrid.cluster")
+
+JOIN_RETRY_S = 0.5
+JOIN_TIMEOUT_S = 30.0
+FETCH_RETRY_S = 1.0
+
+
+class ClusterService:
+    def __init__(self, member: Member, join_endpoints: list[str]) -> None:
+        self.member = member
+        self.config = member.config
+        self.me = member.info.uuid
+        self.join_endpoints = list(join_endpoints)
+        self.members = MemberList()
+        self.table = PartitionTable(partition_count=self.config.partition_count)
+        self.state = ClusterState.ACTIVE
+        self.dead: set[str] = set()
+        self.last_heard: dict[str, float] = {}
+        self.master_heard = time.monotonic()
+        self.next_heartbeat = 0.0
+        self.joined = False
+        self.join_started = 0.0
+        self.next_join = 0.0
+        # Master change (seed 002, section 1.2): whom we still wait for, what they sent.
+        self.recovering = False
+        self.recovery_started = 0.0
+        self.recovery_waiting: set[str] = set()
+        self.recovery_tables: list[PartitionTable] = []
+        self.recovery_versions: list[int] = []
+        self.next_fetch = 0.0
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            p.JOIN: self._on_join,
+            p.PUBLISH: self._on_publish,
+            p.HEARTBEAT: self._on_heartbeat,
+            p.FETCH_STATE: self._on_fetch_state,
+            p.MEMBER_DIED: self._on_member_died,
+            p.FORM: self._on_form,
+            p.TABLE: self._on_table,
+            p.SET_STATE: self._on_set_state,
+        }
+
+    # -- views -----------------------------------------------------------------------------
+
+    @property
+    def is_master(self) -> bool:
+        master = self.members.master
+        return self.joined and not self.recovering and master is not None \
+            and master.uuid == self.me
+
+    def is_safe(self) -> bool:
+        return self.joined and is_cluster_safe(self.table, self.members.data_members,
+                                               self.config.backup_count)
+
+    def replica_counts(self) -> tuple[int, int]:
+        counts = self.table.replica_counts(self.me)
+        return counts[0], sum(counts[1:])
+
+    def view_fields(self) -> dict[str, Any]:
+        return {"members": self.members.to_wire(), "table": self.table.to_wire(),
+                "state": self.state.value}
+
+    # -- start and join --------------------------------------------------------------------
+
+    def start(self) -> None:
+        now = time.monotonic()
+        if not self.join_endpoints:
+            self.members = MemberList(1, (self.member.info,))
+            self.joined = True
+            log.info("started as master of a new cluster at %s", self.member.info.endpoint)
+            return
+        self.join_started = now
+        for endpoint in self.join_endpoints:
+            self.member.connect_peer(endpoint, endpoint)
+
+    def _send_join(self, now: float) -> None:
+        self.next_join = now + JOIN_RETRY_S
+        if now - self.join_started > JOIN_TIMEOUT_S:
+            raise RuntimeError(f"could not join the cluster at {self.join_endpoints}")
+        for endpoint in list(self.join_endpoints):
+            self.member.request_peer(endpoint, p.JOIN, {"info": self.member.info.to_wire()},
+                                     [], self._on_join_reply, timeout=JOIN_RETRY_S * 2)
+
+    def _on_join_reply(self, header: dict[str, Any] | None, frames: list[bytes]) -> None:
+        if header is None or self.joined:
+            return
+        if not header.get("ok"):
+            master = header.get("master")
+            if isinstance(master, str) and master not in self.join_endpoints:
+                self.join_endpoints.append(master)
+                self.member.connect_peer(master, master)
+            return
+        self._apply_view(header)
+        if self.me in self.members:
+            self.joined = True
+            for endpoint in self.join_endpoints:
+                self.member.disconnect_peer(endpoint)
+            log.info("joined: %d members, master %s", len(self.members),
+                     self.members.master.name)
+
+    def _on_join(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        info = MemberInfo.from_wire(header["info"])
+        if not self.is_master:
+            master = self.members.master
+            self.member.reply_error(ident, header, p.NOT_READY, "not the master",
+                                    master=master.endpoint if master else None)
+            return
+        if info.uuid not in self.members:
+            if not self.state.join_allowed:
+                self.member.reply_error(ident, header, p.STATE, "join refused",
+                                        op="join", state=self.state.value)
+                return
+            self._change_view(self.members.with_member(info), self.table)
+            log.info("member %s joined (%d members)", info.name, len(self.members))
+        self.member.reply_ok(ident, header, **self.view_fields())
+
+    # -- following the master ----------------------------------------------------------------
+
+    def _apply_view(self, fields: dict[str, Any]) -> None:
+        """Take a published member list and table where they are newer than ours."""
+        try:
+            members = MemberList.from_wire(fields["members"])
+            table = PartitionTable.from_wire(fields["table"])
+        except (ValueError, KeyError, PartitionTableError) as exc:
+            log.warning("ignored a malformed view: %s", exc)
+            return
+        if table.partition_count != self.table.partition_count:
+            log.error("ignored a table of %d partitions (ours: %d)", table.partition_count,
+                      self.table.partition_count)
+            return
+        if members.version > self.members.version:
+            if self.joined and self.me not in members:
+                log.error("the master removed this member; stopping")
+                self.member.running = False
+                return
+            self._set_members(members)
+        changed = self.table.apply(table)
+        state = fields.get("state")
+        if isinstance(state, str) and state in ClusterState.__members__:
+            self.state = ClusterState(state)
+        if changed:
+            self.member.maps.on_table_change(changed)
+
+    def _set_members(self, members: MemberList) -> None:
+        old = set(self.members.uuids)
+        self.members = members
+        now = time.monotonic()
+        for m in members.members:
+            if m.uuid != self.me and m.uuid not in old:
+                self.member.connect_peer(m.uuid, m.endpoint)
+                self.last_heard[m.uuid] = now
+        for uuid in old - set(members.uuids):
+            if uuid != self.me:
+                self.member.disconnect_peer(uuid)
+                self.last_heard.pop(uuid, None)
+        self.master_heard = now
+        self.member.maps.on_members_change()
+
+    def _on_publish(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        sender = header.get("from")
+        if sender in self.dead:
+            return  # a fenced master that woke up; its view is stale by construction
+        self._apply_view(header)
+        if sender == getattr(self.members.master, "uuid", None):
+            self.master_heard = time.monotonic()
+        self.member.reply_ok(ident, header)
+
+    def _on_table(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        self.member.reply_ok(ident, header, partition_count=self.table.partition_count,
+                             cluster=self.config.cluster_name, master=self.is_master,
+                             **self.view_fields())
+
+    def _on_heartbeat(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        sender = header.get("from")
+        now = time.monotonic()
+        if sender in self.members:
+            self.last_heard[sender] = now
+        if sender == getattr(self.members.master, "uuid", None):
+            self.master_heard = now
+        if self.is_master and sender in self.members and (
+                header.get("mv") != self.members.version or header.get("stamp")
+                != self.table.stamp()):
+            self._publish_to(sender)  # a member that missed a publish catches up here
+
+    def _on_fetch_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        self.master_heard = time.monotonic()
+        self.member.reply_ok(ident, header, **self.view_fields())
+
+    def _on_set_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        state = ClusterState(header["state"])
+        if not self.is_master:
+            self.member.reply_error(ident, header, p.NOT_READY, "not the master")
+            return
+        self.state = state
+        self._publish()
+        self.member.reply_ok(ident, header, state=state.value)
+
+    # -- the master's changes ------------------------------------------------------------------
+
+    def _on_form(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        """The supervisor says every initial member has joined: assign all partitions."""
+        if not self.is_master:
+            self.member.reply_error(ident, header, p.NOT_READY, "not the master")
+            return
+        if not self.table.is_assigned() and self.members.data_members:
+            table = initial_assignment(self.config.partition_count, self.members.data_members,
+                                       self.config.backup_count)
+            # Versions must exceed every member's current ones so that all of them take it.
+            merged = self.table.copy()
+            for pid in range(table.partition_count):
+                merged.set_replicas(pid, table.replicas(pid))
+            self._change_view(self.members, merged)
+            log.info("assigned %d partitions over %d members", table.partition_count,
+                     len(self.members.data_members))
+        self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
+
+    def _change_view(self, members: MemberList, table: PartitionTable) -> None:
+        """Master only: adopt a new member list and table locally, then publish both."""
+        if members is not self.members:
+            self._set_members(members)
+        changed = self.table.apply(table)
+        if changed:
+            self.member.maps.on_table_change(changed)
+        self._publish()
+
+    def _publish(self) -> None:
+        for m in self.members.members:
+            if m.uuid != self.me:
+                self._publish_to(m.uuid)
+
+    def _publish_to(self, uuid: str) -> None:
+        self.member.request_peer(uuid, p.PUBLISH, self.view_fields(), [],
+                                 lambda h, f: None, timeout=self.config.heartbeat_timeout)
+
+    def remove(self, uuids: set[str], reason: str) -> None:
+        """Master only: remove members, promote backups, publish, have the removed fenced."""
+        uuids = {u for u in uuids if u in self.members and u != self.me}
+        if not uuids:
+            return
+        self.dead |= uuids
+        names = [self.members.get(u).name for u in uuids]
+        members = self.members.without(uuids)
+        table = remove_members(self.table, uuids, members.data_members)
+        self._change_view(members, table)
+        for uuid in uuids:
+            self.member.notify_supervisor(p.FENCE, uuid=uuid, reason=reason)
+        log.info("removed %s (%s); %d members left", ", ".join(names), reason, len(members))
+
+    def _on_member_died(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        uuid = header["uuid"]
+        self.member.reply_ok(ident, header)
+        self.member_gone(uuid, "process died")
+
+    def member_gone(self, uuid: str, reason: str) -> None:
+        if uuid == self.me or uuid in self.dead:
+            return
+        self.dead.add(uuid)
+        if self.is_master:
+            self.remove({uuid}, reason)
+        else:
+            self._maybe_take_over()
+
+    # -- master change (seed 002, section 1.2) -----------------------------------------------
+
+    def _maybe_take_over(self) -> None:
+        if not self.joined or self.recovering or self.is_master:
+            return
+        first = self.members.first_alive(self.dead)
+        if first is None or first.uuid != self.me:
+            return
+        self.recovering = True
+        self.recovery_started = time.monotonic()
+        self.recovery_waiting = {u for u in self.members.uuids
+                                 if u != self.me and u not in self.dead}
+        self.recovery_tables, self.recovery_versions = [], []
+        self.next_fetch = 0.0
+        log.info("master %s is gone; collecting partition tables from %d members",
+                 self.members.master.name, len(self.recovery_waiting))
+        self._recovery_step(time.monotonic())
+
+    def _recovery_step(self, now: float) -> None:
+        self.recovery_waiting -= self.dead
+        if now - self.recovery_started > self.config.heartbeat_timeout:
+            # Seed 002: every member returns its table or leaves the cluster.
+            self.dead |= self.recovery_waiting
+            self.recovery_waiting = set()
+        if not self.recovery_waiting:
+            self._finish_recovery()
+            return
+        if now >= self.next_fetch:
+            self.next_fetch = now + FETCH_RETRY_S
+            for uuid in self.recovery_waiting:
+                self.member.request_peer(uuid, p.FETCH_STATE, {}, [],
+                                         self._fetch_callback(uuid), timeout=FETCH_RETRY_S)
+
+    def _fetch_callback(self, uuid: str):
+        def on_reply(header: dict[str, Any] | None, frames: list[bytes]) -> None:
+            if header is None or not header.get("ok") or uuid not in self.recovery_waiting:
+                return
+            try:
+                self.recovery_tables.append(PartitionTable.from_wire(header["table"]))
+                self.recovery_versions.append(MemberList.from_wire(header["members"]).version)
+            except (ValueError, KeyError, PartitionTableError) as exc:
+                log.warning("bad state from %s: %s", uuid, exc)
+                return
+            self.recovery_waiting.discard(uuid)
+        return on_reply
+
+    def _finish_recovery(self) -> None:
+        table = self.table.copy()
+        for other in self.recovery_tables:
+            table.apply(other)  # the most recent version of each partition wins
+        gone = {u for u in self.dead if u in self.members}
+        version = max([self.members.version, *self.recovery_versions])
+        members = self.members.with_version(version).without(gone)
+        if members.version == version:  # nothing removed; still a new master's list
+            members = members.with_version(version + 1)
+        table = remove_members(table, gone, members.data_members)
+        self.recovering = False
+        # Members heartbeat only the master, so what we heard of them as a follower is old:
+        # their heartbeat timeout starts now.
+        now = time.monotonic()
+        self.last_heard = {u: now for u in members.uuids if u != self.me}
+        self._set_members(members)
+        self._change_view(self.members, table)
+        for uuid in gone:
+            self.member.notify_supervisor(p.FENCE, uuid=uuid, reason="left during master change")
+        log.info("now master; %d members, table stamp %x", len(members), self.table.stamp())
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        if not self.joined:
+            if now >= self.next_join:
+                self._send_join(now)
+            return
+        if self.recovering:
+            self._recovery_step(now)
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.config.heartbeat_interval
+            self._send_heartbeats()
+        timeout = self.config.heartbeat_timeout
+        if self.is_master:
+            late = {u for u, t in self.last_heard.items()
+                    if now - t > timeout and u in self.members}
+            if late:
+                self.remove(late, f"no heartbeat for {timeout:g} s")
+        elif not self.recovering:
+            master = self.members.master
+            if master and master.uuid != self.me and now - self.master_heard > timeout:
+                log.warning("no heartbeat from master %s for %g s", master.name, timeout)
+                self.member_gone(master.uuid, "heartbeat timeout")
+                self.master_heard = now
+
+    def _send_heartbeats(self) -> None:
+        header_fields = {"mv": self.members.version, "stamp": self.table.stamp()}
+        if self.is_master:
+            targets = [u for u in self.members.uuids if u != self.me]
+        else:
+            master = self.members.master
+            targets = [master.uuid] if master and master.uuid != self.me else []
+        for uuid in targets:
+            header = p.request(p.HEARTBEAT, 0, self.config.cluster_name,
+                               **{"from": self.me, **header_fields})
+            self.member.send_peer(uuid, [header])

@@ -1,0 +1,647 @@
+"""The member's record store: every key and value lives in shared memory the member created.
+
+A fragment is one (partition id, namespace). Each fragment owns one shared-memory segment used
+as a bump-allocated arena of records ``[u32 key_len][u32 value_len][key][value]`` (little
+endian, unaligned). The Python heap holds only the index: a dict from a 64-bit MurmurHash3 of
+the key to the record's offset (on a hash collision, a tuple of offsets; the key bytes in
+shared memory decide). Overwrites and removes leave garbage in the arena; when a record does
+not fit, the live records are copied into a fresh segment (compaction, growing it when needed)
+and the old segment is unlinked.
+
+Records are immutable once written while any iterator holds the segment (see ``items``), so an
+iterator sees a consistent snapshot: later puts append elsewhere, compaction writes a new
+segment, and a retired segment stays mapped until its last iterator finishes.
+
+The store is not thread-safe: the member's asyncio loop alone calls it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+
+import mmh3
+
+from workers.shm import Segment, validate_prefix
+
+__all__ = ["RecordStore", "RecordStoreClosedError", "ValueTooLargeError", "key_hash"]
+
+_HEADER = struct.Struct("<II")
+header_bytes = _HEADER.size
+_unpack_header = _HEADER.unpack_from
+_pack_header = _HEADER.pack_into
+_HASH_MASK = (1 << 64) - 1
+u32_max = (1 << 32) - 1
+segment_name_attempts_max = 1000  # names already taken (stale segments) skipped per creation
+
+assert header_bytes == 8
+
+
+class ValueTooLargeError(ValueError):
+    """A record (header + key + value) is larger than the store's ``max_record_bytes``.
+
+    ``record_bytes`` and ``limit_bytes`` let the member translate it into the grid's error.
+    """
+
+    def __init__(self, message: str, record_bytes: int, limit_bytes: int) -> None:
+        super().__init__(message)
+        self.record_bytes = record_bytes
+        self.limit_bytes = limit_bytes
+
+
+class RecordStoreClosedError(RuntimeError):
+    """A write reached a store after ``close``: a bug in the caller's shutdown order."""
+
+
+class RecordStoreInvariantError(RuntimeError):
+    """The store's own bookkeeping disagrees with its segments: a bug, never user input."""
+
+
+def key_hash(key: bytes) -> int:
+    """The index hash of a key: MurmurHash3 x64 128 truncated to 64 bits (deterministic)."""
+    return mmh3.hash128(key) & _HASH_MASK
+
+
+def _key_bytes(key: object) -> bytes:
+    """Copy a bytes-like key into bytes (keys are small; a str or int raises TypeError)."""
+    return memoryview(key).tobytes()  # type: ignore[arg-type]
+
+
+def _value_buffer(value: object) -> bytes | bytearray | memoryview:
+    """A view of a bytes-like value whose len() is its size in bytes, without copying."""
+    if value.__class__ is bytearray:
+        return value  # type: ignore[return-value]
+    view = memoryview(value)  # type: ignore[arg-type]
+    if not view.c_contiguous:
+        return view.tobytes()
+    if view.ndim != 1 or view.format != "B":
+        return view.cast("B")
+    return view
+
+
+class _Fragment:
+    """One (pid, namespace): an arena segment plus the hash index of its records."""
+
+    __slots__ = (
+        "store",
+        "segment",
+        "mm",
+        "capacity",
+        "index",
+        "top",
+        "count",
+        "live_bytes",
+        "garbage_bytes",
+        "tuple_entry_count",
+    )
+
+    def __init__(self, store: RecordStore, segment: Segment) -> None:
+        self.store = store
+        self.segment = segment
+        self.mm = segment.mm
+        self.capacity = segment.size_bytes
+        self.index: dict[int, int | tuple[int, ...]] = {}
+        self.top = 0  # next free offset
+        self.count = 0  # live records
+        self.live_bytes = 0  # bytes of live records, headers included
+        self.garbage_bytes = 0  # bytes of overwritten or removed records below top
+        self.tuple_entry_count = 0  # index entries holding colliding offsets
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def locate(self, entry: int | tuple[int, ...], key: bytes) -> int:
+        """Offset of the record with ``key`` among the entry's offsets, or -1."""
+        mm = self.mm
+        key_size = len(key)
+        offsets = (entry,) if entry.__class__ is int else entry
+        for offset in offsets:  # type: ignore[union-attr]
+            record_key_size = _unpack_header(mm, offset)[0]
+            start = offset + header_bytes
+            if record_key_size == key_size and mm[start : start + key_size] == key:
+                return offset
+        return -1
+
+    def get(self, key: bytes) -> bytes | None:
+        entry = self.index.get(key_hash(key))
+        if entry is None:
+            return None
+        mm = self.mm
+        if entry.__class__ is int:
+            key_size, value_size = _unpack_header(mm, entry)
+            start = entry + header_bytes
+            middle = start + key_size
+            if key_size == len(key) and mm[start:middle] == key:
+                return mm[middle : middle + value_size]
+            return None
+        offset = self.locate(entry, key)
+        if offset < 0:
+            return None
+        key_size, value_size = _unpack_header(mm, offset)
+        middle = offset + header_bytes + key_size
+        return mm[middle : middle + value_size]
+
+    def contains(self, key: bytes) -> bool:
+        entry = self.index.get(key_hash(key))
+        return entry is not None and self.locate(entry, key) >= 0
+
+    # -- index entries ---------------------------------------------------------------------
+
+    def entry_with(self, entry: int | tuple[int, ...] | None, offset: int) -> int | tuple:
+        """The index entry after adding ``offset`` (a new record with this hash)."""
+        if entry is None:
+            return offset
+        if entry.__class__ is int:
+            self.tuple_entry_count += 1
+            return (entry, offset)
+        return entry + (offset,)  # type: ignore[operator]
+
+    def entry_without(self, entry: int | tuple[int, ...], offset: int) -> int | tuple | None:
+        """The index entry after dropping ``offset``; None when no offset is left."""
+        if entry.__class__ is int:
+            assert entry == offset
+            return None
+        rest = tuple(other for other in entry if other != offset)  # type: ignore[union-attr]
+        assert len(rest) == len(entry) - 1  # type: ignore[arg-type]
+        if len(rest) == 1:
+            self.tuple_entry_count -= 1
+            return rest[0]
+        return rest
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes | bytearray | memoryview) -> bytes | None:
+        """Write key → value; return the old value. The caller checked the record size."""
+        key_size = len(key)
+        value_size = len(value)
+        record_size = header_bytes + key_size + value_size
+        if self.top + record_size > self.capacity:
+            self.make_room(record_size)  # moves records: look up offsets only after this
+        index = self.index
+        mm = self.mm
+        h = key_hash(key)
+        entry = index.get(h)
+        old = None
+        if entry is not None:
+            offset = self.locate(entry, key)
+            if offset >= 0:
+                old_value_size = _unpack_header(mm, offset)[1]
+                start = offset + header_bytes + key_size
+                old = mm[start : start + old_value_size]
+                if old_value_size == value_size and self.segment.pin_count == 0:
+                    mm[start : start + value_size] = value  # no iterator sees this segment
+                    return old
+                dead_size = header_bytes + key_size + old_value_size
+                self.garbage_bytes += dead_size
+                self.live_bytes -= dead_size
+                self.count -= 1
+                entry = self.entry_without(entry, offset)
+        top = self.top
+        _pack_header(mm, top, key_size, value_size)
+        start = top + header_bytes
+        mm[start : start + key_size] = key
+        mm[start + key_size : top + record_size] = value
+        self.top = top + record_size
+        self.live_bytes += record_size
+        self.count += 1
+        index[h] = top if entry is None else self.entry_with(entry, top)
+        return old
+
+    def put_many(self, pairs: list[tuple[bytes, bytes]], record_bytes_sum: int) -> None:
+        """Write every pair in order; room for all of them is made once, up front."""
+        if self.top + record_bytes_sum > self.capacity:
+            self.make_room(record_bytes_sum)
+        # Every put below appends at most its own record, so none of them compacts.
+        capacity_before = self.capacity
+        index = self.index
+        mm = self.mm
+        for key, value in pairs:
+            h = key_hash(key)
+            if h in index:
+                self.put(key, value)
+                continue
+            key_size = len(key)
+            value_size = len(value)
+            top = self.top
+            record_end = top + header_bytes + key_size + value_size
+            _pack_header(mm, top, key_size, value_size)
+            start = top + header_bytes
+            mm[start : start + key_size] = key
+            mm[start + key_size : record_end] = value
+            index[h] = top
+            self.top = record_end
+            self.live_bytes += record_end - top
+            self.count += 1
+        if self.capacity != capacity_before or self.top > self.capacity:
+            raise RecordStoreInvariantError("put_many outgrew the room it made")
+
+    def remove(self, key: bytes) -> bytes | None:
+        """Drop key; return its value, or None when absent."""
+        index = self.index
+        h = key_hash(key)
+        entry = index.get(h)
+        if entry is None:
+            return None
+        offset = self.locate(entry, key)
+        if offset < 0:
+            return None
+        mm = self.mm
+        key_size, value_size = _unpack_header(mm, offset)
+        start = offset + header_bytes + key_size
+        old = mm[start : start + value_size]
+        rest = self.entry_without(entry, offset)
+        if rest is None:
+            del index[h]
+        else:
+            index[h] = rest
+        dead_size = header_bytes + key_size + value_size
+        self.garbage_bytes += dead_size
+        self.live_bytes -= dead_size
+        self.count -= 1
+        if self.count == 0 and self.segment.pin_count == 0:
+            # Nothing live and no iterator: reuse the arena from the start, no compaction.
+            assert self.live_bytes == 0 and not index
+            self.top = 0
+            self.garbage_bytes = 0
+        return old
+
+    # -- growth and compaction -------------------------------------------------------------
+
+    def make_room(self, record_size: int) -> None:
+        """Move the live records to a new segment with room for ``record_size`` more bytes.
+
+        Same size when at least half the arena is garbage and that suffices, else
+        max(2x, needed). Creating the new segment comes first, so a failure changes nothing.
+        """
+        required = self.live_bytes + record_size
+        if self.garbage_bytes * 2 >= self.capacity and required <= self.capacity:
+            capacity_new = self.capacity
+        else:
+            capacity_new = max(2 * self.capacity, required)
+        segment_new = self.store.new_segment(capacity_new)
+        remap = None
+        try:
+            if self.garbage_bytes == 0:
+                # Pure growth: the arena is all live records, so copy it whole and keep the
+                # offsets (and the index) as they are.
+                assert self.top == self.live_bytes
+                with memoryview(self.mm) as source, memoryview(segment_new.mm) as target:
+                    target[0 : self.top] = source[0 : self.top]
+            else:
+                remap = self.copy_live_records(segment_new)
+        except BaseException:
+            segment_new.retire()
+            raise
+        if remap is not None:
+            self.remap_index(remap)
+        segment_old = self.segment
+        self.segment = segment_new
+        self.mm = segment_new.mm
+        self.capacity = capacity_new
+        self.top = self.live_bytes
+        self.garbage_bytes = 0
+        segment_old.retire()
+        if self.top + record_size > self.capacity:
+            raise RecordStoreInvariantError("compaction made too little room")
+
+    def remap_index(self, remap: dict[int, int]) -> None:
+        """Point every index entry at the records' new offsets."""
+        index = self.index
+        for h, entry in index.items():  # replaces values only, so iterating is safe
+            if entry.__class__ is int:
+                index[h] = remap[entry]
+            else:
+                index[h] = tuple(remap[offset] for offset in entry)  # type: ignore[union-attr]
+
+    def copy_live_records(self, segment_new: Segment) -> dict[int, int]:
+        """Copy live records in offset order, coalescing adjacent ones; return old → new."""
+        mm = self.mm
+        remap: dict[int, int] = {}
+        position = 0
+        run_start = run_end = 0  # the current run of adjacent live records [start, end)
+        with memoryview(mm) as source, memoryview(segment_new.mm) as target:
+            for offset in self.offsets_sorted():
+                key_size, value_size = _unpack_header(mm, offset)
+                if offset != run_end:
+                    size = run_end - run_start
+                    target[position - size : position] = source[run_start:run_end]
+                    run_start = offset
+                remap[offset] = position
+                run_end = offset + header_bytes + key_size + value_size
+                position += run_end - offset
+            size = run_end - run_start
+            target[position - size : position] = source[run_start:run_end]
+        if position != self.live_bytes or len(remap) != self.count:
+            raise RecordStoreInvariantError(
+                f"compaction copied {position} bytes in {len(remap)} records, index says"
+                f" {self.live_bytes} bytes in {self.count} records"
+            )
+        return remap
+
+    def offsets_sorted(self) -> list[int]:
+        """Every live record's offset, ascending (sequential reads of the arena)."""
+        if self.tuple_entry_count == 0:
+            offsets = list(self.index.values())
+        else:
+            offsets = []
+            for entry in self.index.values():
+                if entry.__class__ is int:
+                    offsets.append(entry)
+                else:
+                    offsets.extend(entry)  # type: ignore[arg-type]
+        offsets.sort()  # type: ignore[call-arg]
+        return offsets  # type: ignore[return-value]
+
+    # -- iteration and release -------------------------------------------------------------
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """A snapshot iterator: pins the segment now, so later writes never touch its records."""
+        iterator = _iterate_records(self.segment, self.offsets_sorted())
+        next(iterator)  # runs the pin; from here on, dropping the iterator unpins it
+        return iterator
+
+    def release(self) -> None:
+        """Unlink the segment (unmapped now, or when its last iterator ends)."""
+        self.index = {}
+        self.count = 0
+        self.segment.retire()
+
+    def check(self) -> None:
+        """Walk every record and compare with the counters (tests; O(records))."""
+        sizes = 0
+        keys = set()
+        for offset in self.offsets_sorted():
+            key_size, value_size = _unpack_header(self.mm, offset)
+            start = offset + header_bytes
+            key = self.mm[start : start + key_size]
+            if key_hash(key) not in self.index or key in keys:
+                raise RecordStoreInvariantError(f"record at {offset} is not indexed once")
+            keys.add(key)
+            sizes += header_bytes + key_size + value_size
+            if offset + header_bytes + key_size + value_size > self.top:
+                raise RecordStoreInvariantError(f"record at {offset} ends past top {self.top}")
+        if sizes != self.live_bytes or len(keys) != self.count:
+            raise RecordStoreInvariantError("live_bytes or count disagrees with the records")
+        if self.top != self.live_bytes + self.garbage_bytes or self.top > self.capacity:
+            raise RecordStoreInvariantError("top != live + garbage, or top past capacity")
+        tuple_count = sum(1 for entry in self.index.values() if entry.__class__ is tuple)
+        if tuple_count != self.tuple_entry_count:
+            raise RecordStoreInvariantError("tuple_entry_count disagrees with the index")
+
+
+def _iterate_records(segment: Segment, offsets: list[int]) -> Iterator:
+    """Yield (key, value) copies at ``offsets``; the first ``next`` only pins the segment."""
+    segment.pin()
+    try:
+        yield None
+        mm = segment.mm
+        for offset in offsets:
+            key_size, value_size = _unpack_header(mm, offset)
+            start = offset + header_bytes
+            middle = start + key_size
+            yield mm[start:middle], mm[middle : middle + value_size]
+    finally:
+        segment.unpin()
+
+
+class RecordStore:
+    """Keys and values of every partition replica this member holds, in shared memory.
+
+    Segments are named ``{segment_prefix}-{n}``; ``close`` unlinks all of them, and after a
+    kill the supervisor's ``workers.shm.remove_segments(segment_prefix)`` does. Keys and values
+    are bytes-like; results are bytes copies (never views that would pin a mapping). After
+    ``close``, reads see an empty store and writes raise RecordStoreClosedError.
+    """
+
+    def __init__(
+        self,
+        segment_prefix: str,
+        initial_segment_bytes: int = 64 * 1024,
+        max_record_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        validate_prefix(segment_prefix)
+        if not isinstance(initial_segment_bytes, int) or initial_segment_bytes <= 0:
+            raise ValueError(f"initial_segment_bytes must be > 0, got {initial_segment_bytes!r}")
+        if not isinstance(max_record_bytes, int) or not 0 < max_record_bytes <= u32_max:
+            raise ValueError(f"max_record_bytes must be in 1..{u32_max}, got {max_record_bytes!r}")
+        self._segment_prefix = segment_prefix
+        self._initial_segment_bytes = initial_segment_bytes
+        self._max_record_bytes = max_record_bytes
+        self._partitions: dict[int, dict[str, _Fragment]] = {}
+        self._segment_number = 0
+        self._closed = False
+
+    # -- single records --------------------------------------------------------------------
+
+    def put(self, pid: int, namespace: str, key: bytes, value: bytes) -> bytes | None:
+        """Store key → value; return the previous value or None."""
+        if key.__class__ is not bytes:
+            key = _key_bytes(key)
+        if value.__class__ is not bytes:
+            value = _value_buffer(value)  # type: ignore[assignment]
+        record_size = header_bytes + len(key) + len(value)
+        if record_size > self._max_record_bytes:
+            raise self._too_large(len(key), len(value))
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            fragment = self._new_fragment(pid, namespace, record_size)
+        return fragment.put(key, value)
+
+    def get(self, pid: int, namespace: str, key: bytes) -> bytes | None:
+        """The value of key, or None."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return None
+        if key.__class__ is not bytes:
+            key = _key_bytes(key)
+        return fragment.get(key)
+
+    def remove(self, pid: int, namespace: str, key: bytes) -> bytes | None:
+        """Remove key; return the removed value, or None if it was absent."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return None
+        if key.__class__ is not bytes:
+            key = _key_bytes(key)
+        return fragment.remove(key)
+
+    def contains(self, pid: int, namespace: str, key: bytes) -> bool:
+        """Whether key is present."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return False
+        if key.__class__ is not bytes:
+            key = _key_bytes(key)
+        return fragment.contains(key)
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def put_many(self, pid: int, namespace: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """Store every pair (later pairs win). A too-large record fails the batch unchanged."""
+        checked: list[tuple[bytes, bytes]] = []
+        record_bytes_sum = 0
+        record_bytes_max = self._max_record_bytes
+        for key, value in pairs:
+            if key.__class__ is not bytes:
+                key = _key_bytes(key)
+            if value.__class__ is not bytes:
+                value = _value_buffer(value)  # type: ignore[assignment]
+            record_size = header_bytes + len(key) + len(value)
+            if record_size > record_bytes_max:
+                raise self._too_large(len(key), len(value))
+            record_bytes_sum += record_size
+            checked.append((key, value))
+        if not checked:
+            return
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            fragment = self._new_fragment(pid, namespace, record_bytes_sum)
+        fragment.put_many(checked, record_bytes_sum)
+
+    def get_many(self, pid: int, namespace: str, keys: Iterable[bytes]) -> list[bytes | None]:
+        """The value (or None) of each key, in order."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return [None for _ in keys]
+        get = fragment.get
+        return [get(key if key.__class__ is bytes else _key_bytes(key)) for key in keys]
+
+    def items(self, pid: int, namespace: str) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs as of this call; writes during the iteration are not seen."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return iter(())
+        return fragment.items()
+
+    # -- fragments and partitions ----------------------------------------------------------
+
+    def size(self, pid: int, namespace: str) -> int:
+        """Number of records in the fragment."""
+        try:
+            return self._partitions[pid][namespace].count
+        except KeyError:
+            return 0
+
+    def clear(self, pid: int, namespace: str) -> int:
+        """Drop the fragment and unlink its segment; return how many records it held."""
+        namespaces = self._partitions.get(pid)
+        if namespaces is None or namespace not in namespaces:
+            return 0
+        fragment = namespaces.pop(namespace)
+        if not namespaces:
+            del self._partitions[pid]
+        count = fragment.count
+        fragment.release()
+        return count
+
+    def move_fragment(self, pid: int, source: str, target: str) -> int:
+        """Make ``source``'s fragment the ``target``'s, dropping what ``target`` held, and
+        leave ``source`` empty: one dict operation, no copy. Returns the records moved."""
+        if source == target:
+            raise ValueError("source and target namespaces must differ")
+        namespaces = self._partitions.get(pid)
+        moved = namespaces.pop(source, None) if namespaces is not None else None
+        self.clear(pid, target)
+        if moved is None:
+            return 0
+        self._partitions.setdefault(pid, {})[target] = moved
+        return moved.count
+
+    def drop_partition(self, pid: int) -> None:
+        """Drop every namespace of the partition and unlink their segments."""
+        namespaces = self._partitions.pop(pid, None)
+        if namespaces is None:
+            return
+        for fragment in namespaces.values():
+            fragment.release()
+
+    def namespaces(self, pid: int) -> list[str]:
+        """Namespaces with a fragment (created by a put, gone after clear/drop), sorted."""
+        return sorted(self._partitions.get(pid, ()))
+
+    def partitions(self) -> list[int]:
+        """Partition ids with at least one fragment, sorted."""
+        return sorted(self._partitions)
+
+    def shm_bytes(self) -> int:
+        """Total size of the segments in use (retired ones still read by iterators excluded)."""
+        return sum(
+            fragment.capacity
+            for namespaces in self._partitions.values()
+            for fragment in namespaces.values()
+        )
+
+    def close(self) -> None:
+        """Unlink every segment. Idempotent."""
+        self._closed = True
+        partitions = self._partitions
+        self._partitions = {}
+        failures: list[BaseException] = []
+        for namespaces in partitions.values():
+            for fragment in namespaces.values():
+                try:
+                    fragment.release()
+                except Exception as error:  # unlink the others before reporting it
+                    failures.append(error)
+        if failures:
+            raise failures[0]
+
+    def __enter__(self) -> RecordStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._partitions)} partitions"
+        return f"RecordStore({self._segment_prefix!r}, {state})"
+
+    # -- internals -------------------------------------------------------------------------
+
+    def new_segment(self, size_bytes: int) -> Segment:
+        """Create the next ``{prefix}-{n}`` segment, skipping names a stale process left."""
+        if self._closed:
+            raise RecordStoreClosedError(f"record store {self._segment_prefix!r} is closed")
+        for _ in range(segment_name_attempts_max):
+            name = f"{self._segment_prefix}-{self._segment_number}"
+            self._segment_number += 1
+            try:
+                return Segment(name, size_bytes)
+            except FileExistsError:
+                continue
+        raise FileExistsError(
+            f"{segment_name_attempts_max} segment names after {self._segment_prefix!r} are"
+            " taken; remove stale segments with workers.shm.remove_segments"
+        )
+
+    def _new_fragment(self, pid: int, namespace: str, record_bytes: int) -> _Fragment:
+        if type(pid) is not int or pid < 0:
+            raise TypeError(f"partition id must be an int >= 0, got {pid!r}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+        size_bytes = max(self._initial_segment_bytes, record_bytes)
+        fragment = _Fragment(self, self.new_segment(size_bytes))
+        self._partitions.setdefault(pid, {})[namespace] = fragment
+        return fragment
+
+    def _too_large(self, key_size: int, value_size: int) -> ValueTooLargeError:
+        record_size = header_bytes + key_size + value_size
+        return ValueTooLargeError(
+            f"record of {record_size} bytes (key {key_size} + value {value_size} + header"
+            f" {header_bytes}) exceeds max_record_bytes {self._max_record_bytes}; store a"
+            " smaller value or raise max_record_bytes",
+            record_size,
+            self._max_record_bytes,
+        )
+
+    def _check(self) -> None:
+        """Verify every fragment's bookkeeping against its records (tests)."""
+        for namespaces in self._partitions.values():
+            for fragment in namespaces.values():
+                fragment.check()

@@ -14,10 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from grid.partition.replica_versions import BackupDecision, ReplicaVersions
-
 from grid import protocol as p
 from grid.errors import ProtocolError
+from grid.partition.replica_versions import BackupDecision, ReplicaVersions
 from workers.record_store import ValueTooLargeError
 
 if TYPE_CHECKING:

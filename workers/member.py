@@ -101,7 +101,7 @@ class Member:
         if sock is None:
             return False
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            sock.send_multipart(frames, zmq.NOBLOCK)
             return True
         except zmq.Again:
             log.warning("send to %s would block; dropped %s", key, frames[0][:40])
@@ -131,7 +131,7 @@ class Member:
 
     def reply(self, ident: bytes, frames: list[Any]) -> None:
         try:
-            self.router.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+            self.router.send_multipart([ident, *frames], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("reply dropped: client does not take messages")
 

@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from grid import protocol as p
+from grid.client.registry import pid_alive
 from grid.cluster.membership import MemberList
 from grid.errors import (
     ClusterNotRunningError,
@@ -34,6 +35,7 @@ BACKOFF_S_MIN = 0.01
 BACKOFF_S_MAX = 0.5
 REFRESH_TIMEOUT_S = 1.0
 SILENT_S = 5.0
+LIVENESS_CHECK_S = 0.2
 
 Reply = tuple[dict[str, Any], list[bytes]]
 # A partition request: its pids' part of one message, and what to do with the reply.
@@ -55,6 +57,7 @@ class Invoker:
         self.members = MemberList()
         self.table: PartitionTable | None = None
         self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
+        self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.closed = False
 
@@ -88,30 +91,44 @@ class Invoker:
                 rid = next(self.ids)
                 rids.append(rid)
                 header = p.request(op, rid, self.cluster_name, **fields)
-                self._socket(endpoint).send_multipart([header, *frames], copy=False)
+                self._socket(endpoint).send_multipart([header, *frames])
             results: dict[int, Reply] = {}
             wanted = {rid: ep for rid, (ep, *_rest) in zip(rids, requests, strict=True)}
             deadline = time.monotonic() + timeout
-            poller = zmq.Poller()
-            for endpoint in set(wanted.values()):
-                poller.register(self.sockets[endpoint], zmq.POLLIN)
+            polled = [(self.sockets[ep], zmq.POLLIN) for ep in set(wanted.values())]
             while len(results) < len(rids):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                for sock, _ in poller.poll(remaining * 1000):
-                    while True:
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        try:
-                            header = p.unpack_header(frames[0])
-                        except ProtocolError:
-                            continue
-                        if header.get("id") in wanted:
-                            results[header["id"]] = (header, frames[1:])
+                slice_ms = int(min(remaining, LIVENESS_CHECK_S) * 1000) + 1
+                events = zmq.zmq_poll(polled, slice_ms)
+                for sock, mask in events:
+                    if mask & zmq.POLLIN:
+                        self._collect(sock, wanted, results)
+                if not events and self._gone(wanted, results):
+                    break  # a member we wait for has died: retry elsewhere now
             return [results.get(rid) for rid in rids]
+
+    def _gone(self, wanted: dict[int, str], results: dict[int, Reply]) -> bool:
+        """Whether a member we still wait for is a local process that no longer exists (so
+        its reply will never come: no need to wait out the attempt timeout)."""
+        pending = {ep for rid, ep in wanted.items() if rid not in results}
+        return any(not pid_alive(self.pids[ep]) for ep in pending if ep in self.pids)
+
+    @staticmethod
+    def _collect(sock: zmq.Socket, wanted: dict[int, str], results: dict[int, Reply]) -> None:
+        """Take every reply waiting on ``sock``; keep the ones asked for (late ones drop)."""
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                header = p.unpack_header(frames[0])
+            except ProtocolError:
+                continue
+            if header.get("id") in wanted:
+                results[header["id"]] = (header, frames[1:])
 
     def call(self, endpoint: str, op: str, fields: dict[str, Any] | None = None,
              frames: list[bytes] | None = None, timeout: float | None = None) -> Reply | None:
@@ -169,6 +186,7 @@ class Invoker:
                     self._drop_socket(endpoint)
             self.members = members
             self.endpoints = {m.uuid: m.endpoint for m in members.members}
+            self.pids = {m.endpoint: m.pid for m in members.members}
         if self.table is None:
             self.table = table
         else:

@@ -2,11 +2,17 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from grid.client.registry import pid_alive
+import grid
+from grid.client.registry import pid_alive, read_registry
 from tests.conftest import run_cli, start_cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,3 +105,33 @@ def test_supervisor_death_leaves_the_cluster_serving_and_stop_cleans_up():
         assert _segments(cluster.cluster_name) == []
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_foreground_start_stops_cleanly_on_signal(sig):
+    name = f"fg{uuid.uuid4().hex[:8]}"
+    registry = Path(os.environ["SHMGRID_REGISTRY_DIR"]) / f"{name}.json"
+    proc = subprocess.Popen([sys.executable, "-m", "grid", "start", "--cluster-name", name,
+                             "--members", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (registry.exists() and read_registry(registry).get("state") == "ready"):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "foreground cluster did not become ready"
+            time.sleep(0.05)
+        pids = [m["pid"] for m in read_registry(registry)["members"]]
+        with grid.connect(cluster_name=name) as client:
+            client.get_map("m").put_all({i: i for i in range(100)})
+        assert _segments(name)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert "is running" in out and "Ctrl-C" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not registry.exists()
+    assert not any(pid_alive(pid) for pid in pids)
+    assert _segments(name) == []

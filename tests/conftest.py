@@ -23,6 +23,9 @@ import psutil
 import pytest
 
 RUN_ID = uuid.uuid4().hex[:12]
+# Clusters the user runs beside the suite register here, not in the suite's own directory.
+_USER_REGISTRY_DIR = Path(os.environ.get("SHMGRID_REGISTRY_DIR") or Path(
+    os.environ.get("TMPDIR", "/tmp")) / f"shmgrid-{os.getuid()}")
 os.environ["SHMGRID_TEST_RUN"] = RUN_ID
 _REGISTRY_DIR = tempfile.mkdtemp(prefix=f"shmgrid-test-{RUN_ID}-")
 os.environ["SHMGRID_REGISTRY_DIR"] = _REGISTRY_DIR
@@ -55,7 +58,9 @@ def leaked_resources() -> tuple[list[str], list[str]]:
             proc.kill()
         except psutil.Error:
             pass
-    segments = sorted({p.name for p in SHM_DIR.glob("shmgrid-*")} - _SHM_BEFORE)
+    foreign = {p.stem for p in _USER_REGISTRY_DIR.glob("*.json")}
+    segments = sorted(name for name in {p.name for p in SHM_DIR.glob("shmgrid-*")} - _SHM_BEFORE
+                      if name.split("-")[1] not in foreign)
     for name in segments:
         (SHM_DIR / name).unlink(missing_ok=True)
     return procs, segments

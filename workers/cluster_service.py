@@ -41,6 +41,7 @@ class ClusterService:
         self.master_heard = time.monotonic()
         self.next_heartbeat = 0.0
         self.joined = False
+        self.ready = False  # joined and every partition has an owner: data ops may run
         self.join_started = 0.0
         self.next_join = 0.0
         # Master change (seed 002, section 1.2): whom we still wait for, what they sent.
@@ -116,6 +117,7 @@ class ClusterService:
         self._apply_view(header)
         if self.me in self.members:
             self.joined = True
+            self.ready = self.table.is_assigned()
             for endpoint in self.join_endpoints:
                 self.member.disconnect_peer(endpoint)
             log.info("joined: %d members, master %s", len(self.members),

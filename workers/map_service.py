@@ -61,7 +61,7 @@ class MapService:
         cluster = self.member.cluster
         if self.member.info.lite:
             return p.LITE, "lite member", {"member": self.member.name, "op": op}
-        if not cluster.joined or not cluster.table.is_assigned():
+        if not cluster.ready:
             return p.NOT_READY, "partitions are not assigned yet", {}
         if write and not cluster.state.writes_allowed:
             return p.STATE, "refused in this cluster state", {"op": op,
@@ -334,6 +334,8 @@ class MapService:
     def on_table_change(self, pids: list[int]) -> None:
         """React to a newer table: drop partitions we no longer hold, stop waiting for
         backups that are no longer replicas, fail writes whose partition we no longer own."""
+        cluster = self.member.cluster
+        cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
         table = self.member.cluster.table
         for pid in pids:

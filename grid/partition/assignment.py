@@ -37,8 +37,8 @@ How it works, per replica index from hot to cold (as the reference's arrange doe
    partition (a shift up), then a member the partition held before.
 4. A free slot no member under quota can take is filled along an augmenting path: a member that
    can take it hands one of its own slots to another member, and so on, until a member under
-   quota is reached (a breadth-first search over members). Promoted owners over their share
-   hand partitions to other live replicas the same way.
+   quota is reached (a breadth-first search over members). Owner counts still two apart
+   (quotas that guessed wrong around promoted owners) are evened out the same way.
 5. Should a backup index still be unbalanced (seen only with fewer partitions than a few times
    the members), backups fall back to a rotation of the member list after each owner.
 """
@@ -56,7 +56,7 @@ from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable, PartitionTab
 __all__ = ["assign", "is_balanced", "replica_count_for"]
 
 ORDER_SEED = 0x5348_4D47  # "SHMG": seeds the per-index partition visiting order
-RELIEVE_ATTEMPTS_MAX = 1024  # bounds the augmenting searches for over-quota promoted owners
+RELIEVE_ATTEMPTS_MAX = 1024  # bounds the augmenting searches that even out owner counts
 
 Row = list  # one partition's slots 0..replica_count-1, member id or None
 
@@ -304,7 +304,7 @@ class _Assigner:
             else:
                 deficit[end] -= 1
         if index == 0:
-            self.relieve_promoted_owners(order)
+            self.relieve_owners(order)
         assert all(row[index] is not None for row in rows)
         for member, count in self.counts(index).items():
             self.plus[member] += count > self.partition_count // len(self.members)
@@ -430,33 +430,39 @@ class _Assigner:
             raise AssertionError(f"no member can take slot {index} of partition {pid}")
         self.place(pid, index, candidates[0])
 
-    def relieve_promoted_owners(self, order: tuple[int, ...]) -> None:
-        """Hand promoted owners' extra partitions to other live replicas of them.
+    def relieve_owners(self, order: tuple[int, ...]) -> None:
+        """Even out owner counts that still differ by two or more.
 
-        A member owning two or more partitions more than another member here holds too many
-        partitions whose owner is gone. Each may only pass to another replica that already
-        holds its data, found along an augmenting path; attempts are bounded so that hopeless
-        cases (one member is the only live replica of too many partitions) stay cheap.
+        This happens when the quotas guessed wrong around promoted owners (a partition whose
+        owner is gone may only pass to another live replica). A partition of a member owning
+        two more than another is handed along an augmenting path to a member owning at most
+        two fewer; if balance is possible at all, such a path exists. Attempts are bounded so
+        that hopeless cases (a member is the only live replica of too many partitions) stay
+        cheap.
         """
         counts = self.counts(0)
         attempts_left = RELIEVE_ATTEMPTS_MAX
-        for pid in order:
-            if attempts_left <= 0:
-                return
-            holder = self.rows[pid][0]
-            if not self.survivor_only[pid] or len(self.survivors[pid]) < 2:
-                continue
-            limit = counts[holder] - 2
-            if min(counts.values()) > limit:
-                continue
-            attempts_left -= 1
-            self.write(pid, 0, None)
-            end = self.augment(pid, 0, lambda x, limit=limit: counts[x] <= limit)
-            if end is None:
-                self.write(pid, 0, holder)
-            else:
+        progress = True
+        while progress and max(counts.values()) - min(counts.values()) > 1:
+            progress = False
+            for pid in order:
+                holder = self.rows[pid][0]
+                limit = counts[holder] - 2
+                if min(counts.values()) > limit:
+                    continue
+                if self.survivor_only[pid] and len(self.survivors[pid]) < 2:
+                    continue
+                if attempts_left <= 0:
+                    return
+                attempts_left -= 1
+                self.write(pid, 0, None)
+                end = self.augment(pid, 0, lambda x, limit=limit: counts[x] <= limit)
+                if end is None:
+                    self.write(pid, 0, holder)
+                    continue
                 counts[holder] -= 1
                 counts[end] += 1
+                progress = True
 
     def rotate_backups(self) -> None:
         """Fallback when the backups cannot be balanced incrementally (seen only with fewer

@@ -1,0 +1,201 @@
+"""Replica version vectors per partition and namespace (seed 004)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grid.partition.replica_versions import (
+    REPLICA_VERSION_COUNT,
+    BackupDecision,
+    ReplicaVersions,
+    ReplicaVersionsError,
+)
+
+MAP = "map:orders"
+OTHER = "map:users"
+
+
+def test_unknown_versions_are_zero_and_clean():
+    rv = ReplicaVersions()
+    assert rv.get(3, MAP) == (0,) * REPLICA_VERSION_COUNT
+    assert not rv.is_dirty(3, MAP)
+    assert rv.namespaces(3) == []
+
+
+@pytest.mark.parametrize("backup_count", range(0, 7))
+def test_primary_increments_the_first_n_entries(backup_count):
+    rv = ReplicaVersions()
+    rv.increment(0, MAP, 6)
+    after = rv.increment(0, MAP, backup_count)
+    assert after == tuple(2 if k < backup_count else 1 for k in range(6))
+    assert rv.get(0, MAP) == after
+
+
+def test_three_backups_example_from_the_seed():
+    # [A+1, B+1, C+1, D, E, F] after an operation with 3 backups.
+    primary = ReplicaVersions()
+    for backup_count in (6, 5, 4, 3, 2, 1):
+        primary.increment(0, MAP, backup_count)  # A..F = 6, 5, 4, 3, 2, 1
+    before = primary.get(0, MAP)
+    carried = primary.increment(0, MAP, 3)
+    assert carried == (before[0] + 1, before[1] + 1, before[2] + 1, *before[3:])
+    replicas = {index: ReplicaVersions() for index in (1, 2, 3)}
+    for index, rv in replicas.items():
+        rv.set(0, MAP, before, replica_index=index)
+        assert rv.apply_backup(0, MAP, index, carried) is BackupDecision.APPLY
+    assert replicas[1].get(0, MAP) == carried
+    assert replicas[2].get(0, MAP) == (0, *carried[1:])
+    assert replicas[3].get(0, MAP) == (0, 0, *carried[2:])
+
+
+def test_backup_one_ahead_is_applied_and_set():
+    rv = ReplicaVersions()
+    decision = rv.apply_backup(0, MAP, 1, (1, 1, 0, 0, 0, 0))
+    assert decision is BackupDecision.APPLY
+    assert decision.apply
+    assert not decision.request_sync
+    assert rv.get(0, MAP) == (1, 1, 0, 0, 0, 0)
+    assert rv.apply_backup(0, MAP, 1, (2, 2, 0, 0, 0, 0)) is BackupDecision.APPLY
+    assert not rv.is_dirty(0, MAP)
+
+
+@pytest.mark.parametrize("carried", [3, 4])
+def test_stale_backup_is_ignored(carried):
+    rv = ReplicaVersions()
+    rv.set(0, MAP, (4, 4, 0, 0, 0, 0))
+    decision = rv.apply_backup(0, MAP, 1, (carried, carried, 0, 0, 0, 0))
+    assert decision is BackupDecision.STALE
+    assert not decision.apply
+    assert not decision.request_sync
+    assert rv.get(0, MAP) == (4, 4, 0, 0, 0, 0)
+
+
+def test_backup_skipping_ahead_is_applied_and_marks_dirty():
+    rv = ReplicaVersions()
+    rv.set(0, MAP, (4, 4, 0, 0, 0, 0))
+    decision = rv.apply_backup(0, MAP, 1, (6, 6, 0, 0, 0, 0))
+    assert decision is BackupDecision.APPLY_DIRTY
+    assert decision.apply
+    assert decision.request_sync
+    assert rv.get(0, MAP) == (6, 6, 0, 0, 0, 0)
+    assert rv.is_dirty(0, MAP)
+    assert rv.dirty_namespaces(0) == [MAP]
+
+
+@pytest.mark.parametrize("carried", [1, 7, 8, 20])
+def test_dirty_replica_asks_for_sync_again_whatever_the_version(carried):
+    rv = ReplicaVersions()
+    rv.set(0, MAP, (6, 0, 0, 0, 0, 0))
+    rv.mark_dirty(0, MAP)
+    decision = rv.apply_backup(0, MAP, 1, (carried, 0, 0, 0, 0, 0))
+    assert decision is BackupDecision.SYNC_AGAIN
+    assert not decision.apply
+    assert decision.request_sync
+    assert rv.get(0, MAP) == (6, 0, 0, 0, 0, 0)
+    assert rv.is_dirty(0, MAP)
+
+
+def test_sync_clears_dirty_and_backups_resume():
+    rv = ReplicaVersions()
+    rv.apply_backup(0, MAP, 2, (9, 3, 0, 0, 0, 0))  # skips ahead at index 2
+    assert rv.is_dirty(0, MAP)
+    assert rv.get(0, MAP) == (0, 3, 0, 0, 0, 0)  # hotter entries stay zero
+    rv.set(0, MAP, (10, 4, 0, 0, 0, 0), replica_index=2)
+    assert not rv.is_dirty(0, MAP)
+    assert rv.get(0, MAP) == (0, 4, 0, 0, 0, 0)
+    assert rv.apply_backup(0, MAP, 2, (11, 5, 0, 0, 0, 0)) is BackupDecision.APPLY
+
+
+def test_namespaces_of_one_partition_are_independent():
+    rv = ReplicaVersions()
+    assert rv.apply_backup(7, MAP, 1, (1, 0, 0, 0, 0, 0)) is BackupDecision.APPLY
+    assert rv.apply_backup(7, OTHER, 1, (3, 0, 0, 0, 0, 0)) is BackupDecision.APPLY_DIRTY
+    assert rv.apply_backup(7, MAP, 1, (2, 0, 0, 0, 0, 0)) is BackupDecision.APPLY
+    assert rv.apply_backup(7, OTHER, 1, (4, 0, 0, 0, 0, 0)) is BackupDecision.SYNC_AGAIN
+    assert rv.get(7, MAP) == (2, 0, 0, 0, 0, 0)
+    assert rv.get(7, OTHER) == (3, 0, 0, 0, 0, 0)
+    assert rv.namespaces(7) == [MAP, OTHER]
+    assert rv.dirty_namespaces(7) == [OTHER]
+    assert rv.get(8, MAP) == (0,) * 6  # other partitions are untouched
+    primary = ReplicaVersions()
+    primary.increment(7, MAP, 2)
+    assert primary.get(7, OTHER) == (0,) * 6
+
+
+def test_needs_sync_compares_at_the_replica_index():
+    rv = ReplicaVersions()
+    rv.set(0, MAP, (0, 5, 2, 0, 0, 0), replica_index=2)
+    assert not rv.needs_sync(0, MAP, 2, (9, 5, 2, 0, 0, 0))
+    assert rv.needs_sync(0, MAP, 2, (9, 6, 2, 0, 0, 0))  # behind the primary
+    assert rv.needs_sync(0, MAP, 2, (9, 4, 2, 0, 0, 0))  # ahead: also inconsistent
+    rv.mark_dirty(0, MAP)
+    assert rv.needs_sync(0, MAP, 2, (9, 5, 2, 0, 0, 0))
+    assert rv.needs_sync(1, MAP, 1, (1, 0, 0, 0, 0, 0))  # never seen
+
+
+def test_clear_one_namespace_or_the_partition():
+    rv = ReplicaVersions()
+    rv.increment(0, MAP, 1)
+    rv.increment(0, OTHER, 1)
+    rv.clear(0, MAP)
+    assert rv.namespaces(0) == [OTHER]
+    rv.clear(0, OTHER)
+    assert rv.namespaces(0) == []
+    rv.increment(0, MAP, 1)
+    rv.clear(0)
+    assert rv.get(0, MAP) == (0,) * 6
+    rv.clear(5)  # nothing there: no error
+    rv.clear(5, MAP)
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("increment", (0, MAP, 7)),
+        ("increment", (0, MAP, -1)),
+        ("apply_backup", (0, MAP, 0, (1,) * 6)),
+        ("apply_backup", (0, MAP, 7, (1,) * 6)),
+        ("apply_backup", (0, MAP, 1, (1,) * 5)),
+        ("apply_backup", (0, MAP, 1, (-1,) * 6)),
+        ("apply_backup", (0, MAP, 1, (True,) * 6)),
+        ("set", (0, MAP, (1,) * 7)),
+        ("needs_sync", (0, MAP, 0, (1,) * 6)),
+    ],
+)
+def test_out_of_range_input_is_refused(call, args):
+    with pytest.raises(ReplicaVersionsError):
+        getattr(ReplicaVersions(), call)(*args)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=30),
+    st.integers(1, 6),
+    st.data(),
+)
+def test_a_backup_that_sees_every_operation_in_order_stays_clean(backup_counts, index, data):
+    """Primary and backup replay; the backup receives only operations that reach its index,
+    possibly duplicated. In order it never goes dirty and ends equal from its index on;
+    once one operation is lost, the next one that reaches it marks it dirty."""
+    primary, backup = ReplicaVersions(), ReplicaVersions()
+    lose = data.draw(st.integers(-1, len(backup_counts) - 1))
+    lost_seen = False
+    for k, backup_count in enumerate(backup_counts):
+        carried = primary.increment(0, MAP, backup_count)
+        if backup_count < index:
+            continue  # this operation has no backup at our index
+        if k == lose:
+            lost_seen = True
+            continue
+        decision = backup.apply_backup(0, MAP, index, carried)
+        if lost_seen:
+            assert decision is BackupDecision.APPLY_DIRTY
+            break
+        assert decision is BackupDecision.APPLY
+        assert backup.apply_backup(0, MAP, index, carried) is BackupDecision.STALE  # duplicate
+    if not lost_seen:
+        assert not backup.is_dirty(0, MAP)
+        assert backup.get(0, MAP)[index - 1 :] == primary.get(0, MAP)[index - 1 :]
+        assert not backup.needs_sync(0, MAP, index, primary.get(0, MAP))

@@ -23,7 +23,7 @@ WRITE_KEY_OPS = frozenset({PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE})
 # Client → member: map operations on partitions (header: ns, pids[, counts]).
 PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, MOVE = (
     "put_all", "get_all", "size", "clear", "entries", "move")
-PARTITION_OPS = frozenset({PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, MOVE})
+WRITE_OPS = WRITE_KEY_OPS | {PUT_ALL, CLEAR, MOVE}
 # Anyone → member: cluster views.
 TABLE, STATUS, PING = "table", "status", "ping"
 # Member ↔ member.
@@ -40,7 +40,6 @@ WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT = (
 WRONG_CLUSTER, STATE, LITE, PROTOCOL, TOO_LARGE, SERVER, TIMEOUT = (
     "wrong_cluster", "state", "lite", "protocol", "too_large", "server", "timeout")
 
-RETRYABLE_CODES = frozenset({WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT, TIMEOUT})
 _CODE_CLASSES: dict[str, type[errors.GridError]] = {
     WRONG_TARGET: errors.WrongTargetError,
     NOT_READY: errors.NotReadyError,

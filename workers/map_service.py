@@ -51,9 +51,22 @@ class MapService:
         table.update({
             p.PUT_ALL: self._on_put_all, p.GET_ALL: self._on_get_all, p.SIZE: self._on_size,
             p.CLEAR: self._on_clear, p.ENTRIES: self._on_entries, p.MOVE: self._on_move,
-            p.BACKUP: self._on_backup,
         })
-        return table
+        guarded = {op: self._guarded(op, handler) for op, handler in table.items()}
+        guarded[p.BACKUP] = self._on_backup  # a backup follows its owner, whatever the state
+        return guarded
+
+    def _guarded(self, op: str, handler: Any) -> Any:
+        """The handler, behind the checks every client map operation passes first."""
+        write = op in p.WRITE_OPS
+
+        def checked(ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+            refusal = self._refusal(op, write)
+            if refusal:
+                self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
+            else:
+                handler(ident, header, frames)
+        return checked
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -87,11 +100,6 @@ class MapService:
 
     def _on_key_op(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         op = header["op"]
-        write = op in p.WRITE_KEY_OPS
-        refusal = self._refusal(op, write)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         pid, ns = self._pid(header.get("pid")), self._ns(header)
         if not self._owns(pid):
             self.member.reply_error(ident, header, p.WRONG_TARGET, f"not the owner of {pid}")
@@ -169,10 +177,6 @@ class MapService:
         return groups
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        refusal = self._refusal(p.PUT_ALL, True)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns = self._ns(header)
         groups = self._grouped_items(header, frames, 2)
         wrong = [pid for pid in groups if not self._owns(pid)]
@@ -191,10 +195,6 @@ class MapService:
         self._replicate(ident, reply, ns, PUT_KIND, applied)
 
     def _on_get_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        refusal = self._refusal(p.GET_ALL, False)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns = self._ns(header)
         groups = self._grouped_items(header, frames, 1)
         wrong, parts, found = [], [], 0
@@ -210,10 +210,6 @@ class MapService:
         self.member.reply_ok(ident, header, [b"".join(parts)], wrong=wrong, n=found * 2)
 
     def _on_size(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        refusal = self._refusal(p.SIZE, False)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns = self._ns(header)
         owned, wrong = self._split_owned(header)
         self.member.reply_ok(ident, header, wrong=wrong,
@@ -222,10 +218,6 @@ class MapService:
     def _on_entries(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         """Every entry of the asked partitions: per partition one frame, its serialized keys
         and values laid end to end (the client decodes a frame in one call)."""
-        refusal = self._refusal(p.ENTRIES, False)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns = self._ns(header)
         owned, wrong = self._split_owned(header)
         payload, counts = [], []
@@ -239,10 +231,6 @@ class MapService:
         self.member.reply_ok(ident, header, payload, pids=owned, counts=counts, wrong=wrong)
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        refusal = self._refusal(p.CLEAR, True)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns = self._ns(header)
         owned, wrong = self._split_owned(header)
         for pid in owned:
@@ -253,10 +241,6 @@ class MapService:
     def _on_move(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         """Replace the target map's fragment of each partition with this map's (which empties):
         the publish step of a staged overwrite."""
-        refusal = self._refusal(p.MOVE, True)
-        if refusal:
-            self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            return
         ns, target = self._ns(header), header.get("target")
         if not isinstance(target, str) or not target or target == ns:
             raise ProtocolError("move needs a target map other than the source")

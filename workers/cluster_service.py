@@ -8,7 +8,6 @@ are the pure functions of ``grid.cluster``; this module moves their inputs and o
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -18,7 +17,7 @@ from grid.cluster.state import ClusterState
 from grid.partition.table import PartitionTable, PartitionTableError
 
 if TYPE_CHECKING:
-    from workers.member import Member
+    from workers.node import Node
 
 log = logging.getLogger("shmgrid.cluster")
 
@@ -28,7 +27,7 @@ FETCH_RETRY_S = 1.0
 
 
 class ClusterService:
-    def __init__(self, member: Member, join_endpoints: list[str]) -> None:
+    def __init__(self, member: Node, join_endpoints: list[str]) -> None:
         self.member = member
         self.config = member.config
         self.me = member.info.uuid
@@ -38,7 +37,7 @@ class ClusterService:
         self.state = ClusterState.ACTIVE
         self.dead: set[str] = set()
         self.last_heard: dict[str, float] = {}
-        self.master_heard = time.monotonic()
+        self.master_heard = self.member.now()
         self.next_heartbeat = 0.0
         self.joined = False
         self.ready = False  # joined and every partition has an owner: data ops may run
@@ -87,7 +86,7 @@ class ClusterService:
     # -- start and join --------------------------------------------------------------------
 
     def start(self) -> None:
-        now = time.monotonic()
+        now = self.member.now()
         if not self.join_endpoints:
             self.members = MemberList(1, (self.member.info,))
             self.joined = True
@@ -169,7 +168,7 @@ class ClusterService:
     def _set_members(self, members: MemberList) -> None:
         old = set(self.members.uuids)
         self.members = members
-        now = time.monotonic()
+        now = self.member.now()
         for m in members.members:
             if m.uuid != self.me and m.uuid not in old:
                 self.member.connect_peer(m.uuid, m.endpoint)
@@ -187,7 +186,7 @@ class ClusterService:
             return  # a fenced master that woke up; its view is stale by construction
         self._apply_view(header)
         if sender == getattr(self.members.master, "uuid", None):
-            self.master_heard = time.monotonic()
+            self.master_heard = self.member.now()
         self.member.reply_ok(ident, header)
 
     def _on_table(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -197,7 +196,7 @@ class ClusterService:
 
     def _on_heartbeat(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sender = header.get("from")
-        now = time.monotonic()
+        now = self.member.now()
         if sender in self.members:
             self.last_heard[sender] = now
         if sender == getattr(self.members.master, "uuid", None):
@@ -208,7 +207,7 @@ class ClusterService:
             self._publish_to(sender)  # a member that missed a publish catches up here
 
     def _on_fetch_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        self.master_heard = time.monotonic()
+        self.master_heard = self.member.now()
         self.member.reply_ok(ident, header, **self.view_fields())
 
     def _on_set_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -294,14 +293,14 @@ class ClusterService:
         if first is None or first.uuid != self.me:
             return
         self.recovering = True
-        self.recovery_started = time.monotonic()
+        self.recovery_started = self.member.now()
         self.recovery_waiting = {u for u in self.members.uuids
                                  if u != self.me and u not in self.dead}
         self.recovery_tables, self.recovery_versions = [], []
         self.next_fetch = 0.0
         log.info("master %s is gone; collecting partition tables from %d members",
                  self.members.master.name, len(self.recovery_waiting))
-        self._recovery_step(time.monotonic())
+        self._recovery_step(self.member.now())
 
     def _recovery_step(self, now: float) -> None:
         self.recovery_waiting -= self.dead
@@ -344,7 +343,7 @@ class ClusterService:
         self.recovering = False
         # Members heartbeat only the master, so what we heard of them as a follower is old:
         # their heartbeat timeout starts now.
-        now = time.monotonic()
+        now = self.member.now()
         self.last_heard = {u: now for u in members.uuids if u != self.me}
         self._set_members(members)
         self._change_view(self.members, table)

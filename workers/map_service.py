@@ -20,7 +20,7 @@ from grid.partition.replica_versions import BackupDecision, ReplicaVersions
 from workers.record_store import ValueTooLargeError
 
 if TYPE_CHECKING:
-    from workers.member import Member
+    from workers.node import Node
 
 log = logging.getLogger("shmgrid.maps")
 
@@ -39,7 +39,7 @@ class PendingWrite:
 
 
 class MapService:
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: Node) -> None:
         self.member = member
         self.store = member.store
         self.config = member.config

@@ -1,0 +1,156 @@
+"""A member without its transport: services, dispatch, request callbacks and timers.
+
+``Member`` (workers/member.py) puts ZeroMQ sockets and a poll loop around this; the protocol
+simulation (tests/cluster/sim.py) puts a simulated network and clock around it. Both run the
+same ClusterService and MapService code, so what the simulation shows holds for the member.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from grid import protocol as p
+from grid.cluster.membership import MemberInfo
+from grid.config import GridConfig
+from grid.errors import GridError, ProtocolError
+from workers.cluster_service import ClusterService
+from workers.map_service import MapService
+from workers.record_store import RecordStore
+
+log = logging.getLogger("shmgrid.member")
+
+ReplyCallback = Callable[[dict[str, Any] | None, list[bytes]], None]
+Handler = Callable[[bytes, dict[str, Any], list[bytes]], None]
+
+
+class Node:
+    """Transport-independent member. Subclasses provide the clock and the five transport
+    methods: connect_peer, disconnect_peer, send_peer, reply, notify_supervisor."""
+
+    def __init__(self, config: GridConfig, info: MemberInfo, join_endpoints: list[str]) -> None:
+        self.config = config
+        self.info = info
+        self.name = info.name
+        self.callbacks: dict[int, tuple[float, ReplyCallback]] = {}
+        self.ids = itertools.count(1)
+        self.running = True
+        self.store = RecordStore(f"shmgrid-{config.cluster_name}-{info.name}",
+                                 max_record_bytes=config.max_value_bytes + 8)
+        self.cluster = ClusterService(self, join_endpoints)
+        self.maps = MapService(self)
+        self.handlers: dict[str, Handler] = {p.PING: self._on_ping}
+        self.handlers.update(self.cluster.handlers())
+        self.handlers.update(self.maps.handlers())
+
+    # -- provided by the transport ---------------------------------------------------------
+
+    def now(self) -> float:
+        raise NotImplementedError
+
+    def connect_peer(self, key: str, endpoint: str) -> None:
+        raise NotImplementedError
+
+    def disconnect_peer(self, key: str) -> None:
+        raise NotImplementedError
+
+    def send_peer(self, key: str, frames: list[bytes]) -> bool:
+        raise NotImplementedError
+
+    def reply(self, ident: bytes, frames: list[Any]) -> None:
+        raise NotImplementedError
+
+    def notify_supervisor(self, op: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    # -- requests and replies --------------------------------------------------------------
+
+    def request_peer(self, key: str, op: str, fields: dict[str, Any], frames: list[bytes],
+                     callback: ReplyCallback, timeout: float) -> int:
+        """Send a request to a peer; ``callback(header, frames)`` runs on its reply, or
+        ``callback(None, [])`` when it has not come within ``timeout`` seconds."""
+        rid = next(self.ids)
+        fields["from"] = self.info.uuid
+        header = p.request(op, rid, self.config.cluster_name, **fields)
+        self.callbacks[rid] = (self.now() + timeout, callback)
+        if not self.send_peer(key, [header, *frames]):
+            del self.callbacks[rid]
+            callback(None, [])
+        return rid
+
+    def reply_ok(self, ident: bytes, header: dict[str, Any], frames: list[Any] = (),
+                 **fields: Any) -> None:
+        self.reply(ident, [p.reply_ok(header.get("id"), **fields), *frames])
+
+    def reply_error(self, ident: bytes, header: dict[str, Any], code: str, msg: str,
+                    **fields: Any) -> None:
+        self.reply(ident, [p.reply_error(header.get("id"), code, msg, **fields)])
+
+    def on_request(self, ident: bytes, head: bytes, frames: list[bytes]) -> None:
+        """Serve one request. Nothing a peer sends can raise out of here."""
+        try:
+            header = p.unpack_header(head)
+        except ProtocolError as exc:
+            log.warning("dropped a message with a bad header: %s", exc)
+            return
+        try:
+            self._dispatch(ident, header, frames)
+        except ProtocolError as exc:
+            self.reply_error(ident, header, p.PROTOCOL, str(exc))
+        except GridError as exc:
+            self.reply_error(ident, header, p.SERVER, str(exc))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            # Malformed fields from a hostile or broken peer: answer, never crash.
+            self.reply_error(ident, header, p.PROTOCOL,
+                             f"malformed {header.get('op')!r} request: {exc!r}")
+        except Exception:
+            log.exception("failed to serve %r", header.get("op"))
+            self.reply_error(ident, header, p.SERVER, "internal error; see the member log")
+
+    def _dispatch(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        op = header.get("op")
+        cluster = header.get("c", "")
+        if cluster and cluster != self.config.cluster_name:
+            self.reply_error(ident, header, p.WRONG_CLUSTER, "wrong cluster name",
+                             expected=cluster, actual=self.config.cluster_name,
+                             endpoint=self.info.endpoint)
+            return
+        handler = self.handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            raise ProtocolError(f"unknown operation {op!r}")
+        handler(ident, header, frames)
+
+    def on_reply(self, frames: list[bytes]) -> None:
+        """A reply to one of our requests: run its callback (a late one is dropped)."""
+        try:
+            header = p.unpack_header(frames[0])
+        except (ProtocolError, IndexError):
+            log.warning("dropped an undecodable reply")
+            return
+        entry = self.callbacks.pop(header.get("id"), None)
+        if entry is None:
+            return
+        try:
+            entry[1](header, frames[1:])
+        except Exception:
+            log.exception("reply handler failed")
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Periodic work: expired requests, heartbeats and failure detection, write deadlines."""
+        expired = [rid for rid, (deadline, _) in self.callbacks.items() if deadline <= now]
+        for rid in expired:
+            _, callback = self.callbacks.pop(rid)
+            try:
+                callback(None, [])
+            except Exception:
+                log.exception("timeout handler failed")
+        self.cluster.tick(now)
+        self.maps.tick(now)
+
+    def _on_ping(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        self.reply_ok(ident, header, cluster=self.config.cluster_name, uuid=self.info.uuid,
+                      name=self.name)

@@ -248,6 +248,13 @@ class Supervisor:
     def _command(self, header: dict[str, Any]) -> bytes | None:
         op, rid = header.get("op"), header.get("id")
         if op == p.FENCE:
+            sender = next((m for m in self.members.values() if m.uuid == header.get("from")),
+                          None)
+            if sender is None or sender.fenced:
+                # A removed member that still ran (it hung and came back) must not fence
+                # the members of the cluster that removed it.
+                log.warning("ignored a fence request from a removed member")
+                return None
             self._fence(header.get("uuid"), header.get("reason", ""))
             return None
         if op == p.STOP:

@@ -23,14 +23,21 @@ import psutil
 import pytest
 
 RUN_ID = uuid.uuid4().hex[:12]
-# Clusters the user runs beside the suite register here, not in the suite's own directory.
-_USER_REGISTRY_DIR = Path(os.environ.get("SHMGRID_REGISTRY_DIR") or Path(
-    os.environ.get("TMPDIR", "/tmp")) / f"shmgrid-{os.getuid()}")
+# Every cluster (and shared-memory segment) this run makes has a name starting with this, so
+# the leak check never touches the segments of the user's clusters or of another test run.
+RUN_PREFIX = f"t{RUN_ID[:6]}"
+
+
+def test_cluster_name(kind: str = "") -> str:
+    """A cluster name of this run, for real clusters, simulations and stores alike."""
+    return f"{RUN_PREFIX}{kind}{uuid.uuid4().hex[:8]}"
+
+
+test_cluster_name.__test__ = False  # a helper, not a test
 os.environ["SHMGRID_TEST_RUN"] = RUN_ID
 _REGISTRY_DIR = tempfile.mkdtemp(prefix=f"shmgrid-test-{RUN_ID}-")
 os.environ["SHMGRID_REGISTRY_DIR"] = _REGISTRY_DIR
 SHM_DIR = Path("/dev/shm")
-_SHM_BEFORE = {p.name for p in SHM_DIR.glob("shmgrid-*")}
 
 
 def _marked_processes() -> list[psutil.Process]:
@@ -58,9 +65,7 @@ def leaked_resources() -> tuple[list[str], list[str]]:
             proc.kill()
         except psutil.Error:
             pass
-    foreign = {p.stem for p in _USER_REGISTRY_DIR.glob("*.json")}
-    segments = sorted(name for name in {p.name for p in SHM_DIR.glob("shmgrid-*")} - _SHM_BEFORE
-                      if name.split("-")[1] not in foreign)
+    segments = sorted(p.name for p in SHM_DIR.glob(f"shmgrid-{RUN_PREFIX}*"))
     for name in segments:
         (SHM_DIR / name).unlink(missing_ok=True)
     return procs, segments
@@ -133,7 +138,7 @@ class ClusterHandle:
 
 
 def start_cluster(members: int = 3, backup_count: int = 1, **options: object) -> ClusterHandle:
-    name = f"t{uuid.uuid4().hex[:10]}"
+    name = test_cluster_name()
     args = ["start", "--detach", "--cluster-name", name, "--members", str(members),
             "--backup-count", str(backup_count)]
     for key, value in options.items():

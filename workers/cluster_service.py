@@ -182,12 +182,26 @@ class ClusterService:
 
     def _on_publish(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sender = header.get("from")
-        if sender in self.dead:
-            return  # a fenced master that woke up; its view is stale by construction
+        if sender in self.dead or not self._is_publisher(sender, header.get("members")):
+            # A removed master that came back (hung, then resumed before it was fenced):
+            # its table carries higher versions for changes nobody may follow.
+            self.member.reply_error(ident, header, p.NOT_READY, "not our master")
+            return
         self._apply_view(header)
         if sender == getattr(self.members.master, "uuid", None):
             self.master_heard = self.member.now()
         self.member.reply_ok(ident, header)
+
+    def _is_publisher(self, sender: Any, members_wire: Any) -> bool:
+        """Only the master of our view, or of a newer member list, publishes to us."""
+        if sender == getattr(self.members.master, "uuid", None):
+            return True
+        try:
+            members = MemberList.from_wire(members_wire)
+        except ValueError:
+            return False
+        return members.version > self.members.version and \
+            getattr(members.master, "uuid", None) == sender
 
     def _on_table(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.member.reply_ok(ident, header, partition_count=self.table.partition_count,
@@ -201,12 +215,31 @@ class ClusterService:
             self.last_heard[sender] = now
         if sender == getattr(self.members.master, "uuid", None):
             self.master_heard = now
-        if self.is_master and sender in self.members and (
-                header.get("mv") != self.members.version or header.get("stamp")
-                != self.table.stamp()):
+        if not self.is_master or not isinstance(sender, str):
+            return
+        if sender not in self.members:
+            # A removed member that still runs (it hung and came back before it was fenced):
+            # our view, which lacks it, makes it stop.
+            endpoint = header.get("endpoint")
+            if isinstance(endpoint, str):
+                self.member.connect_peer(endpoint, endpoint)
+                self.member.request_peer(endpoint, p.PUBLISH, self.view_fields(), [],
+                                         lambda h, f: None, timeout=1.0)
+                self.member.disconnect_peer(endpoint)
+        elif header.get("mv") != self.members.version or \
+                header.get("stamp") != self.table.stamp():
             self._publish_to(sender)  # a member that missed a publish catches up here
 
     def _on_fetch_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        """A new master claims mastership and collects our view. It claims only because
+        every member older than it is gone: from now on we ignore what those send (a dead
+        master's last publish may still be on its way, and must not win over the claim)."""
+        claimant = header.get("from")
+        if claimant in self.members:
+            for m in self.members.members:
+                if m.uuid == claimant:
+                    break
+                self.dead.add(m.uuid)
         self.master_heard = self.member.now()
         self.member.reply_ok(ident, header, **self.view_fields())
 
@@ -377,7 +410,8 @@ class ClusterService:
                 self.master_heard = now
 
     def _send_heartbeats(self) -> None:
-        header_fields = {"mv": self.members.version, "stamp": self.table.stamp()}
+        header_fields = {"mv": self.members.version, "stamp": self.table.stamp(),
+                         "endpoint": self.member.info.endpoint}
         if self.is_master:
             targets = [u for u in self.members.uuids if u != self.me]
         else:

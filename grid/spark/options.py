@@ -15,7 +15,7 @@ __all__ = ["SourceOptions", "parse_options", "FORMAT_NAME"]
 
 FORMAT_NAME = "shmgrid"
 
-batch_size_default = 10_000
+batch_size_default = 50_000
 batch_size_max = 1_000_000
 sample_size_default = 1_000
 sample_size_max = 100_000

@@ -104,19 +104,10 @@ def staged_partitions(client: Any, staging_name: str) -> list[int]:
     The fallback of commit when a task's message is missing: it reads the whole staging map.
     """
     staging = client.get_map(staging_name)
-    staged = []
-    for partition_id in range(client.partition_count):
-        batches = staging.scan_partitions([partition_id], batch_size=1)
-        try:
-            for keys, _values in batches:
-                if keys:
-                    staged.append(partition_id)
-                    break
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-    return staged
+    staged: set[int] = set()
+    for keys, _values in staging.scan_partitions(range(client.partition_count)):
+        staged.update(map(client.partition_id, keys))
+    return sorted(staged)
 
 
 def clear_partitions(client: Any, map_name: str, partition_ids: Iterable[int]) -> int:

@@ -6,14 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 import grid
 from grid.client.registry import pid_alive, read_registry
-from tests.conftest import run_cli, start_cluster
+from tests.conftest import run_cli, start_cluster, test_cluster_name
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,7 +108,7 @@ def test_supervisor_death_leaves_the_cluster_serving_and_stop_cleans_up():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_foreground_start_stops_cleanly_on_signal(sig):
-    name = f"fg{uuid.uuid4().hex[:8]}"
+    name = test_cluster_name("fg")
     registry = Path(os.environ["SHMGRID_REGISTRY_DIR"]) / f"{name}.json"
     proc = subprocess.Popen([sys.executable, "-m", "grid", "start", "--cluster-name", name,
                              "--members", "2"], stdout=subprocess.PIPE,

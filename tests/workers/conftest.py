@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.conftest import test_cluster_name
 from workers.record_store import RecordStore
 from workers.shm import list_segments, remove_segments
 
 
 def unique_prefix() -> str:
     """A prefix no other test (or concurrent run) uses: shmgrid-{cluster}-{member}."""
-    return f"shmgrid-t{uuid.uuid4().hex[:16]}-0"
+    return f"shmgrid-{test_cluster_name()}-0"
 
 
 @pytest.fixture

@@ -323,9 +323,10 @@ class ShmgridPushdownReader(ShmgridReader):
     return only those keys. So the key filters are also handed back to Spark, which
     re-applies them (cheap on a few rows), and each key task claims its plan in the grid
     (`KEY_PLANS_MAP`) with its SQL execution, stage and task: a plan first run by another
-    execution, or older than `key_plan_fresh_s`, is reused, and its tasks scan the map
-    instead (correct, as Spark filters the rows). Two scans of one plan in the same query
-    cannot be told apart and fail with KeyPlanSharedError rather than return wrong rows.
+    execution, or older than `key_plan_fresh_s`, counts as reused, and its tasks scan their
+    share of the map instead (correct, as Spark filters the rows). Two scans of one plan in
+    the same query cannot be told apart and fail with KeyPlanSharedError rather than return
+    wrong rows.
     """
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:  # noqa: N802 - PySpark's name

@@ -1,0 +1,165 @@
+"""An in-process stand-in for the grid client, with the client contract's semantics.
+
+It lets the connector's reader, writer and staging protocol run without a cluster: entries
+are stored in per-(map, partition) dicts, partition ids come from the real key → partition
+function, and values go through msgpack the way the real client does (so tuples come back
+as lists and unserialisable values raise the real errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from grid.serialization import (
+    deserialize_key,
+    deserialize_value,
+    partition_id_of,
+    serialize_key,
+    serialize_value,
+)
+
+MEMBERS = ("member-a", "member-b", "member-c")
+
+
+class FakeGrid:
+    """The shared state of a fake cluster: {map name: {partition id: {key bytes: value bytes}}}."""
+
+    def __init__(self, partition_count: int = 271, members: Sequence[str] = MEMBERS) -> None:
+        self.partition_count = partition_count
+        self.owners = {p: members[p % len(members)] for p in range(partition_count)}
+        self.maps: dict[str, dict[int, dict[bytes, bytes]]] = {}
+        self.calls: list[tuple[str, str]] = []  # (operation, map name), for assertions
+        self.closed = 0
+
+    def client(self) -> FakeClient:
+        return FakeClient(self)
+
+
+class FakeMap:
+    def __init__(self, grid: FakeGrid, name: str) -> None:
+        self._grid = grid
+        self.name = name
+
+    def _fragments(self) -> dict[int, dict[bytes, bytes]]:
+        return self._grid.maps.setdefault(self.name, {})
+
+    def _locate(self, key: object) -> tuple[dict[bytes, bytes], bytes]:
+        key_bytes = serialize_key(key)
+        partition = partition_id_of(key_bytes, self._grid.partition_count)
+        return self._fragments().setdefault(partition, {}), key_bytes
+
+    def put(self, key: object, value: object) -> Any:
+        self._grid.calls.append(("put", self.name))
+        fragment, key_bytes = self._locate(key)
+        old = fragment.get(key_bytes)
+        fragment[key_bytes] = serialize_value(value)
+        return None if old is None else deserialize_value(old)
+
+    def set(self, key: object, value: object) -> None:
+        self.put(key, value)
+
+    def get(self, key: object) -> Any:
+        self._grid.calls.append(("get", self.name))
+        fragment, key_bytes = self._locate(key)
+        raw = fragment.get(key_bytes)
+        return None if raw is None else deserialize_value(raw)
+
+    def remove(self, key: object) -> Any:
+        self._grid.calls.append(("remove", self.name))
+        fragment, key_bytes = self._locate(key)
+        raw = fragment.pop(key_bytes, None)
+        return None if raw is None else deserialize_value(raw)
+
+    def size(self) -> int:
+        return sum(len(f) for f in self._fragments().values())
+
+    def clear(self) -> None:
+        self._grid.calls.append(("clear", self.name))
+        for fragment in self._fragments().values():
+            fragment.clear()
+
+    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        self._grid.calls.append(("put_all", self.name))
+        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        encoded = [(self._locate(k), serialize_value(v)) for k, v in pairs]
+        for (fragment, key_bytes), value_bytes in encoded:
+            fragment[key_bytes] = value_bytes
+
+    def get_all(self, keys: Iterable[object]) -> dict:
+        self._grid.calls.append(("get_all", self.name))
+        found = {}
+        for key in keys:
+            fragment, key_bytes = self._locate(key)
+            if key_bytes in fragment:
+                found[deserialize_key(key_bytes)] = deserialize_value(fragment[key_bytes])
+        return found
+
+    def scan_partitions(
+        self, partition_ids: Iterable[int], batch_size: int = 10_000
+    ) -> Iterator[tuple[list, list]]:
+        self._grid.calls.append(("scan_partitions", self.name))
+        keys: list = []
+        values: list = []
+        for partition in list(partition_ids):
+            for key_bytes, value_bytes in list(self._fragments().get(partition, {}).items()):
+                keys.append(deserialize_key(key_bytes))
+                values.append(deserialize_value(value_bytes))
+            if len(keys) >= batch_size:
+                yield keys, values
+                keys, values = [], []
+        if keys:
+            yield keys, values
+
+    def move_to(self, target: str) -> None:
+        """Replace target's fragment by ours in every partition we hold a fragment in."""
+        self._grid.calls.append(("move_to", self.name))
+        mine = self._fragments()
+        theirs = self._grid.maps.setdefault(target, {})
+        for partition, fragment in mine.items():
+            if fragment:
+                theirs[partition] = dict(fragment)
+        self._grid.maps[self.name] = {}
+
+    def items(self) -> dict:
+        return {
+            deserialize_key(k): deserialize_value(v)
+            for fragment in self._fragments().values()
+            for k, v in fragment.items()
+        }
+
+
+class FakeClient:
+    def __init__(self, grid: FakeGrid) -> None:
+        self._grid = grid
+
+    @property
+    def partition_count(self) -> int:
+        return self._grid.partition_count
+
+    def partition_id(self, key: object) -> int:
+        return partition_id_of(serialize_key(key), self._grid.partition_count)
+
+    def partition_owners(self) -> dict[int, str]:
+        return dict(self._grid.owners)
+
+    def get_map(self, name: str) -> FakeMap:
+        return FakeMap(self._grid, name)
+
+    def close(self) -> None:
+        self._grid.closed += 1
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# The grid behind `connect`, set by the `fake_grid` fixture (factory hook of the connector).
+current: FakeGrid | None = None
+
+
+def connect(options: object) -> FakeClient:
+    assert current is not None, "the fake_grid fixture is not active"
+    return current.client()

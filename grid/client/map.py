@@ -11,10 +11,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import mmh3
+import msgpack
+
 from grid import protocol as p
 from grid.client.invocation import Invoker
 from grid.errors import ValueTooLargeError
 from grid.serialization import (
+    INT32_MIN,
     decode_concatenated,
     deserialize_value,
     partition_id_of,
@@ -135,18 +139,31 @@ class Map:
         """Store many entries: one message per owning member and chunk."""
         pairs = entries.items() if isinstance(entries, Mapping) else entries
         count = self._partition_count
-        chunk: dict[int, list[bytes]] = defaultdict(list)
+        limit = self._max_value_bytes
+        pack = msgpack.Packer(use_bin_type=True).pack  # the hot loop: no helper calls
+        hash32 = mmh3.hash
+        chunk: dict[int, list[bytes]] = {}
         chunk_bytes = 0
         for key, value in pairs:
-            key_bytes, value_bytes = serialize_key(key), serialize_value(value)
-            self._check_size(key_bytes, value_bytes)
-            items = chunk[partition_id_of(key_bytes, count)]
+            key_bytes = pack(key) if type(key) is str else serialize_key(key)
+            try:
+                value_bytes = pack(value)
+            except (TypeError, ValueError, OverflowError):
+                value_bytes = serialize_value(value)  # raises ValueNotSerializableError
+            size = len(key_bytes) + len(value_bytes)
+            if size > limit:
+                raise ValueTooLargeError(size, limit)
+            h = hash32(key_bytes, 0, True)
+            pid = (0 if h == INT32_MIN else abs(h)) % count  # = partition_id_of
+            items = chunk.get(pid)
+            if items is None:
+                items = chunk[pid] = []
             items.append(key_bytes)
             items.append(value_bytes)
-            chunk_bytes += len(key_bytes) + len(value_bytes)
+            chunk_bytes += size
             if chunk_bytes >= BATCH_BYTES:
                 self._send_put_all(chunk)
-                chunk, chunk_bytes = defaultdict(list), 0
+                chunk, chunk_bytes = {}, 0
         if chunk:
             self._send_put_all(chunk)
 
@@ -206,7 +223,10 @@ class Map:
                 p.ENTRIES, pids[at:at + SCAN_PARTITIONS_PER_REQUEST],
                 lambda group: ({"ns": self.name, "pids": group}, []), handle)
             for flat in decoded:
-                keys.extend(_as_key(k) for k in flat[0::2])
+                batch_keys = flat[0::2]
+                if list in set(map(type, batch_keys)):  # tuple keys came back as lists
+                    batch_keys = [_as_key(k) for k in batch_keys]
+                keys.extend(batch_keys)
                 values.extend(flat[1::2])
                 if len(keys) >= batch_size:
                     yield keys, values

@@ -107,6 +107,6 @@ def pack_items(items: list[bytes]) -> bytes:
 
 def unpack_items(frame: bytes) -> list[bytes]:
     items = msgpack.unpackb(frame, raw=True, use_list=True)
-    if not isinstance(items, list) or not all(isinstance(i, bytes) for i in items):
+    if not isinstance(items, list) or not set(map(type, items)) <= {bytes}:
         raise errors.ProtocolError("batch payload is not an array of binary items")
     return items

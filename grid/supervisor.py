@@ -24,6 +24,7 @@ import zmq
 from grid import protocol as p
 from grid.client.registry import write_registry
 from grid.config import GridConfig
+from workers.member import run_member
 from workers.shm import remove_segments
 
 log = logging.getLogger("shmgrid.supervisor")
@@ -86,8 +87,6 @@ class Supervisor:
             name = f"member-{self.next_index}"
             self.next_index += 1
             receiver, sender = self.mp.Pipe(duplex=False)
-            from workers.member import run_member
-
             proc = self.mp.Process(
                 target=run_member, name=name, daemon=False,
                 args=(self.config.to_dict(), name, join, self.endpoint, lite, sender))

@@ -246,12 +246,9 @@ class MapService:
             raise ProtocolError("move needs a target map other than the source")
         owned, wrong = self._split_owned(header)
         for pid in owned:
-            self._move_fragment(pid, ns, target)
+            self.store.move_fragment(pid, ns, target)
         reply = [p.reply_ok(header.get("id"), wrong=wrong)]
         self._replicate(ident, reply, ns, MOVE_KIND, {pid: [target.encode()] for pid in owned})
-
-    def _move_fragment(self, pid: int, source: str, target: str) -> None:
-        self.store.move_fragment(pid, source, target)
 
     # -- replication -----------------------------------------------------------------------
 
@@ -400,4 +397,4 @@ class MapService:
         elif kind == CLEAR_KIND:
             self.store.clear(pid, ns)
         else:
-            self._move_fragment(pid, ns, chunk[0].decode())
+            self.store.move_fragment(pid, ns, chunk[0].decode())

@@ -3,12 +3,12 @@ each key to the owner of its partition."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from grid import protocol as p
+from grid.client import registry
 from grid.client.invocation import Invoker
 from grid.client.map import Map
-from grid.client.registry import live_member_endpoints, read_registry, registry_path
 from grid.cluster.membership import MemberInfo
 from grid.cluster.repair import is_cluster_safe
 from grid.config import GridConfig
@@ -103,27 +103,22 @@ class Client:
 
 
 def connect(address: str | None = None, *, cluster_name: str | None = None,
-            registry_path_: str | None = None, invocation_timeout: float | None = None,
-            config: GridConfig | None = None, **kwargs: Any) -> Client:
+            registry_path: str | None = None, invocation_timeout: float | None = None,
+            config: GridConfig | None = None) -> Client:
     """Connect to a cluster: by address (``tcp://127.0.0.1:PORT`` of any member), or through
     the local registry file of ``cluster_name`` (default "dev")."""
-    registry_path_ = kwargs.pop("registry_path", registry_path_)
-    if kwargs:
-        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
     config = config or GridConfig.load(
         **({"cluster_name": cluster_name} if cluster_name else {}))
     timeout = invocation_timeout if invocation_timeout is not None else config.invocation_timeout
     if address:
         seeds, where = [address], address
     else:
-        path = registry_path_ or str(registry_path(cluster_name or config.cluster_name,
-                                                   config.registry_dir))
-        from pathlib import Path
-
-        data = read_registry(Path(path))
-        seeds, where = live_member_endpoints(data), path
+        path = Path(registry_path) if registry_path else registry.registry_path(
+            cluster_name or config.cluster_name, config.registry_dir)
+        data = registry.read_registry(path)
+        seeds, where = registry.live_member_endpoints(data), str(path)
         if not seeds:
-            raise ClusterNotRunningError(path, "no registered member process is alive")
+            raise ClusterNotRunningError(where, "no registered member process is alive")
         cluster_name = cluster_name or data.get("cluster_name")
         backup = data.get("config", {}).get("backup_count")
         if isinstance(backup, int):

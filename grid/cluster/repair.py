@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from grid.partition.assignment import assign
 from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable
 
 
@@ -49,8 +50,6 @@ def remove_members(table: PartitionTable, removed: Iterable[str],
 def initial_assignment(partition_count: int, data_members: Sequence[str],
                        backup_count: int) -> PartitionTable:
     """The first table of a new cluster: a balanced assignment over the data members."""
-    from grid.partition.assignment import assign
-
     empty = PartitionTable(partition_count=partition_count)
     target = assign(empty, list(data_members), backup_count)
     table = PartitionTable(partition_count=partition_count)

@@ -222,12 +222,9 @@ class MapService:
         owned, wrong = self._split_owned(header)
         payload, counts = [], []
         for pid in owned:
-            parts = []
-            for key, value in self.store.items(pid, ns):
-                parts.append(key)
-                parts.append(value)
-            payload.append(b"".join(parts))
-            counts.append(len(parts))
+            data, records = self.store.concatenated(pid, ns)
+            payload.append(data)
+            counts.append(records * 2)  # items: a key and a value each
         self.member.reply_ok(ident, header, payload, pids=owned, counts=counts, wrong=wrong)
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:

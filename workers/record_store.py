@@ -359,6 +359,20 @@ class _Fragment:
         next(iterator)  # runs the pin; from here on, dropping the iterator unpins it
         return iterator
 
+    def concatenated(self) -> tuple[bytes, int]:
+        """Every live record's key and value bytes laid end to end, and the record count.
+
+        In the arena a record's key and value are adjacent, so this is one slice a record (a
+        scan's hot path: the client decodes the whole run with one msgpack call)."""
+        mm = self.mm
+        parts = []
+        append = parts.append
+        for offset in self.offsets_sorted():
+            key_size, value_size = _unpack_header(mm, offset)
+            start = offset + header_bytes
+            append(mm[start : start + key_size + value_size])
+        return b"".join(parts), len(parts)
+
     def release(self) -> None:
         """Unlink the segment (unmapped now, or when its last iterator ends)."""
         self.index = {}
@@ -518,6 +532,15 @@ class RecordStore:
         except KeyError:
             return iter(())
         return fragment.items()
+
+    def concatenated(self, pid: int, namespace: str) -> tuple[bytes, int]:
+        """The fragment's keys and values laid end to end (k1 v1 k2 v2 ...), and how many
+        records: a consistent snapshot, taken in one call."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return b"", 0
+        return fragment.concatenated()
 
     # -- fragments and partitions ----------------------------------------------------------
 

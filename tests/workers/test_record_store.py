@@ -605,3 +605,17 @@ def test_move_fragment_replaces_the_target_and_empties_the_source(make_store) ->
     assert store.size(3, "stage") == 0 and store.get(3, "live", b"old") is None
     assert store.move_fragment(3, "stage", "live") == 0
     assert store.size(3, "live") == 0, "moving an empty source empties the target"
+
+
+def test_concatenated_is_every_live_key_and_value_end_to_end(make_store) -> None:
+    store = make_store()
+    for i in range(50):
+        store.put(7, "m", f"k{i}".encode(), bytes([i]) * i)
+    for i in range(0, 50, 3):
+        store.remove(7, "m", f"k{i}".encode())
+    store.put(7, "m", b"k1", b"overwritten, longer than before")
+    data, count = store.concatenated(7, "m")
+    items = list(store.items(7, "m"))
+    assert count == len(items) == 50 - 17
+    assert data == b"".join(k + v for k, v in items)
+    assert store.concatenated(7, "other") == (b"", 0)

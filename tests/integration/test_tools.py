@@ -1,0 +1,16 @@
+"""The benchmark commands run against a real cluster and print their table (no speeds asserted)."""
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("clients", ["1", "2"])
+def test_bench_prints_every_operation(grid_cluster, clients):
+    out = grid_cluster.cli("bench", "--seconds", "0.2", "--keys", "300", "--clients", clients,
+                           "--map", f"bench{clients}").stdout
+    for op in ("put", "get", "put_all (100)", "get_all (100)", "entries/s", "p99 ms"):
+        assert op in out
+    assert f"{clients} client process" in out
+    with grid_cluster.connect() as client:
+        assert client.get_map(f"bench{clients}").size() == 0, "the bench cleans up its map"

@@ -32,12 +32,15 @@ class ClusterService:
         self.config = member.config
         self.me = member.info.uuid
         self.join_endpoints = list(join_endpoints)
+        # Members live on this host: the master connects to nothing else on a peer's word.
+        self.local_endpoint_prefix = member.info.endpoint.rsplit(":", 1)[0] + ":"
         self.members = MemberList()
         self.table = PartitionTable(partition_count=self.config.partition_count)
         self.state = ClusterState.ACTIVE
         self.dead: set[str] = set()
         self.last_heard: dict[str, float] = {}
         self.master_heard = self.member.now()
+        self.last_tick = self.master_heard
         self.next_heartbeat = 0.0
         self.joined = False
         self.ready = False  # joined and every partition has an owner: data ops may run
@@ -47,6 +50,7 @@ class ClusterService:
         self.recovering = False
         self.recovery_started = 0.0
         self.recovery_waiting: set[str] = set()
+        self.recovery_refused: set[str] = set()  # they still follow the master we gave up on
         self.recovery_tables: list[PartitionTable] = []
         self.recovery_versions: list[int] = []
         self.next_fetch = 0.0
@@ -220,26 +224,32 @@ class ClusterService:
         if sender not in self.members:
             # A removed member that still runs (it hung and came back before it was fenced):
             # our view, which lacks it, makes it stop.
+            # The connection stays open: closing it at once could drop the publish unsent.
             endpoint = header.get("endpoint")
-            if isinstance(endpoint, str):
+            if isinstance(endpoint, str) and endpoint.startswith(self.local_endpoint_prefix):
                 self.member.connect_peer(endpoint, endpoint)
                 self.member.request_peer(endpoint, p.PUBLISH, self.view_fields(), [],
                                          lambda h, f: None, timeout=1.0)
-                self.member.disconnect_peer(endpoint)
         elif header.get("mv") != self.members.version or \
                 header.get("stamp") != self.table.stamp():
             self._publish_to(sender)  # a member that missed a publish catches up here
 
     def _on_fetch_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        """A new master claims mastership and collects our view. It claims only because
-        every member older than it is gone: from now on we ignore what those send (a dead
-        master's last publish may still be on its way, and must not win over the claim)."""
+        """A member claims mastership and collects our view. We go along only if we, too,
+        hold every member older than the claimant for gone; otherwise the claimant is wrong
+        (it was paused, say) and we say so, and it goes back to following."""
         claimant = header.get("from")
-        if claimant in self.members:
-            for m in self.members.members:
-                if m.uuid == claimant:
-                    break
-                self.dead.add(m.uuid)
+        older = []
+        for m in self.members.members:
+            if m.uuid == claimant:
+                break
+            older.append(m.uuid)
+        else:
+            older = None  # not a member of our view
+        if older is None or any(u not in self.dead for u in older):
+            self.member.reply_error(ident, header, p.NOT_READY, "our master is alive",
+                                    master_alive=True)
+            return
         self.master_heard = self.member.now()
         self.member.reply_ok(ident, header, **self.view_fields())
 
@@ -330,6 +340,7 @@ class ClusterService:
         self.recovery_waiting = {u for u in self.members.uuids
                                  if u != self.me and u not in self.dead}
         self.recovery_tables, self.recovery_versions = [], []
+        self.recovery_refused = set()
         self.next_fetch = 0.0
         log.info("master %s is gone; collecting partition tables from %d members",
                  self.members.master.name, len(self.recovery_waiting))
@@ -338,6 +349,9 @@ class ClusterService:
     def _recovery_step(self, now: float) -> None:
         self.recovery_waiting -= self.dead
         if now - self.recovery_started > self.config.heartbeat_timeout:
+            if self.recovery_refused & self.recovery_waiting:
+                self._abort_recovery()
+                return
             # Seed 002: every member returns its table or leaves the cluster.
             self.dead |= self.recovery_waiting
             self.recovery_waiting = set()
@@ -350,10 +364,29 @@ class ClusterService:
                 self.member.request_peer(uuid, p.FETCH_STATE, {}, [],
                                          self._fetch_callback(uuid), timeout=FETCH_RETRY_S)
 
+    def _abort_recovery(self) -> None:
+        """Members still hear the master we held for gone: we were wrong (paused, or cut off
+        from it); follow it again instead of splitting the cluster."""
+        older = []
+        for m in self.members.members:
+            if m.uuid == self.me:
+                break
+            older.append(m.uuid)
+        self.dead -= set(older)
+        self.recovering = False
+        self.master_heard = self.member.now()
+        log.warning("%d members still follow master %s: not taking over",
+                    len(self.recovery_refused), self.members.master.name)
+
     def _fetch_callback(self, uuid: str):
         def on_reply(header: dict[str, Any] | None, frames: list[bytes]) -> None:
-            if header is None or not header.get("ok") or uuid not in self.recovery_waiting:
+            if header is None or uuid not in self.recovery_waiting:
                 return
+            if not header.get("ok"):
+                if header.get("master_alive"):
+                    self.recovery_refused.add(uuid)
+                return
+            self.recovery_refused.discard(uuid)
             try:
                 self.recovery_tables.append(PartitionTable.from_wire(header["table"]))
                 self.recovery_versions.append(MemberList.from_wire(header["members"]).version)
@@ -387,6 +420,15 @@ class ClusterService:
     # -- timers ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
+        paused_s = now - self.last_tick
+        self.last_tick = now
+        if self.joined and paused_s > self.config.heartbeat_timeout / 2:
+            # We were not running (stopped, swapped out): what we did not hear meanwhile says
+            # nothing about the others. Their timers restart now.
+            log.warning("this member was paused for %.1f s; restarting failure timers",
+                        paused_s)
+            self.master_heard = now
+            self.last_heard = dict.fromkeys(self.last_heard, now)
         if not self.joined:
             if now >= self.next_join:
                 self._send_join(now)

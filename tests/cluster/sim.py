@@ -101,9 +101,11 @@ class SimNetwork:
         self.log.append(f"{self.time:.3f} hang {node.name}")
 
     def resume(self, node: SimNode) -> None:
-        """The hung node runs again and takes what it was sent meanwhile, in order."""
+        """The hung node runs again: its timers fire first (the worst order, which a real
+        process may well see), then it takes what it was sent meanwhile, in order."""
         node.paused = False
         self.log.append(f"{self.time:.3f} resume {node.name}")
+        node.tick(self.time)
         held, node.held = node.held, []
         for action in held:
             action()

@@ -141,3 +141,21 @@ def test_hung_member_is_removed_and_fenced(cluster_factory, victim):
     _assert_all_readable(cluster, writers.acked)
     names = {m["name"] for m in _status(cluster)["members"]}
     assert victim not in names and len(names) == 2
+
+
+def test_member_that_returns_after_its_removal_stops_itself(cluster_factory):
+    """With the supervisor gone nobody fences: a hung member that resumes after the master
+    removed it must learn so from the master, stop, and remove its own segments."""
+    cluster = cluster_factory(members=3, heartbeat_interval=0.2, heartbeat_timeout=2)
+    os.kill(cluster.registry["supervisor"]["pid"], signal.SIGKILL)
+    victim = cluster.member("member-2")
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: i for i in range(500)})
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            _wait(lambda: len(client.cluster.members) == 2, what="the hung member's removal")
+        finally:
+            os.kill(victim["pid"], signal.SIGCONT)
+        _wait(lambda: not pid_alive(victim["pid"]), what="the returned member to stop itself")
+        assert client.get_map("m").get_all(range(500)) == {i: i for i in range(500)}
+    assert not list(Path("/dev/shm").glob(f"shmgrid-{cluster.cluster_name}-member-2-*"))

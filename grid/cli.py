@@ -185,9 +185,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
             rows = []
             for member in client.cluster.members:
-                reply = client._invoker.call(member.endpoint, p.STATUS, timeout=2.0)
-                if reply and reply[0].get("ok"):
-                    rows.append(reply[0])
+                status = client.cluster.member_status(member)
+                if status:
+                    rows.append(status)
                 else:
                     rows.append({"name": member.name, "uuid": member.uuid, "pid": member.pid,
                                  "endpoint": member.endpoint, "unreachable": True})

@@ -32,7 +32,7 @@ JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
 # Supervisor → member.
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
-FENCE, STOP, ADD_MEMBER, SUPERVISOR_STATUS = "fence", "stop", "add_member", "supervisor_status"
+FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
 
 # Error codes in replies, and the client-side classes they become.
 WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT = (

@@ -262,9 +262,6 @@ class Supervisor:
         if op == p.ADD_MEMBER:
             [member] = self.spawn_members(1, lite=bool(header.get("lite")))
             return p.reply_ok(rid, member=member.to_registry())
-        if op == p.SUPERVISOR_STATUS:
-            return p.reply_ok(rid, pid=os.getpid(), state=self.state,
-                              members=[m.to_registry() for m in self.members.values()])
         return p.reply_error(rid, p.PROTOCOL, f"unknown command {op!r}")
 
     def _fence(self, uuid: Any, reason: str) -> None:

@@ -270,14 +270,9 @@ class ClusterService:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
         if not self.table.is_assigned() and self.members.data_members:
-            table = initial_assignment(self.config.partition_count, self.members.data_members,
-                                       self.config.backup_count)
-            # Versions must exceed every member's current ones so that all of them take it.
-            merged = self.table.copy()
-            for pid in range(table.partition_count):
-                merged.set_replicas(pid, table.replicas(pid))
-            self._change_view(self.members, merged)
-            log.info("assigned %d partitions over %d members", table.partition_count,
+            self._change_view(self.members, initial_assignment(
+                self.table, self.members.data_members, self.config.backup_count))
+            log.info("assigned %d partitions over %d members", self.table.partition_count,
                      len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
 
@@ -291,12 +286,13 @@ class ClusterService:
         self._publish()
 
     def _publish(self) -> None:
+        fields = self.view_fields()  # the table's wire form, built once for everyone
         for m in self.members.members:
             if m.uuid != self.me:
-                self._publish_to(m.uuid)
+                self._publish_to(m.uuid, fields)
 
-    def _publish_to(self, uuid: str) -> None:
-        self.member.request_peer(uuid, p.PUBLISH, self.view_fields(), [],
+    def _publish_to(self, uuid: str, fields: dict[str, Any] | None = None) -> None:
+        self.member.request_peer(uuid, p.PUBLISH, dict(fields or self.view_fields()), [],
                                  lambda h, f: None, timeout=self.config.heartbeat_timeout)
 
     def remove(self, uuids: set[str], reason: str) -> None:

@@ -179,17 +179,22 @@ class MapService:
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         groups = self._grouped_items(header, frames, 2)
+        # Refuse a too large entry before anything is applied: a refusal half way would leave
+        # the partitions before it written here and on no backup.
+        limit = self.config.max_value_bytes
+        for items in groups.values():
+            for i in range(0, len(items), 2):
+                size = len(items[i]) + len(items[i + 1])
+                if size > limit:
+                    self.member.reply_error(ident, header, p.TOO_LARGE,
+                                            f"an entry of {size} bytes", size=size, limit=limit)
+                    return
         wrong = [pid for pid in groups if not self._owns(pid)]
         applied = {}
         for pid, items in groups.items():
             if pid in wrong or not items:
                 continue
-            try:
-                self.store.put_many(pid, ns, zip(items[0::2], items[1::2], strict=True))
-            except ValueTooLargeError as exc:
-                self.member.reply_error(ident, header, p.TOO_LARGE, str(exc),
-                                        limit=self.config.max_value_bytes)
-                return
+            self.store.put_many(pid, ns, zip(items[0::2], items[1::2], strict=True))
             applied[pid] = items
         reply = [p.reply_ok(header.get("id"), wrong=wrong)]
         self._replicate(ident, reply, ns, PUT_KIND, applied)
@@ -315,9 +320,10 @@ class MapService:
         cluster = self.member.cluster
         cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
-        table = self.member.cluster.table
+        table = cluster.table
+        held = set(self.store.partitions())
         for pid in pids:
-            if table.replica_index(pid, me) < 0 and pid in self.store.partitions():
+            if pid in held and table.replica_index(pid, me) < 0:
                 self.store.drop_partition(pid)
                 self.versions.clear(pid)
         self._recheck_pending(set(pids))

@@ -4,6 +4,7 @@ each key to the owner of its partition."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from grid import protocol as p
 from grid.client import registry
@@ -36,8 +37,14 @@ class ClusterView:
     @property
     def state(self) -> str:
         master = self.master
-        reply = self._invoker.call(master.endpoint, p.STATUS) if master else None
-        return reply[0].get("state", "UNKNOWN") if reply and reply[0].get("ok") else "UNKNOWN"
+        status = self.member_status(master) if master else None
+        return status.get("state", "UNKNOWN") if status else "UNKNOWN"
+
+    def member_status(self, member: MemberInfo, timeout: float = 2.0) -> dict[str, Any] | None:
+        """What a member reports of itself (partitions, memory, role, cluster state), or None
+        if it does not answer within ``timeout`` seconds."""
+        reply = self._invoker.call(member.endpoint, p.STATUS, timeout=timeout)
+        return reply[0] if reply and reply[0].get("ok") else None
 
     def is_safe(self) -> bool:
         """Every partition has its configured replicas and nothing is migrating."""

@@ -47,15 +47,15 @@ def remove_members(table: PartitionTable, removed: Iterable[str],
     return result
 
 
-def initial_assignment(partition_count: int, data_members: Sequence[str],
+def initial_assignment(table: PartitionTable, data_members: Sequence[str],
                        backup_count: int) -> PartitionTable:
-    """The first table of a new cluster: a balanced assignment over the data members."""
-    empty = PartitionTable(partition_count=partition_count)
-    target = assign(empty, list(data_members), backup_count)
-    table = PartitionTable(partition_count=partition_count)
-    for pid in range(partition_count):
-        table.set_replicas(pid, target.replicas(pid))
-    return table
+    """A copy of ``table`` with a balanced assignment over the data members. Setting the
+    replicas raises each partition's version above ``table``'s, so every member takes it."""
+    target = assign(table, list(data_members), backup_count)
+    result = table.copy()
+    for pid in range(result.partition_count):
+        result.set_replicas(pid, target.replicas(pid))
+    return result
 
 
 def required_replicas(data_member_count: int, backup_count: int) -> int:

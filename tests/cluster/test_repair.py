@@ -44,7 +44,7 @@ def test_ties_go_to_the_oldest_member():
 
 
 def test_removing_nobody_changes_nothing():
-    table = initial_assignment(31, MEMBERS[:3], 1)
+    table = initial_assignment(PartitionTable(partition_count=31), MEMBERS[:3], 1)
     assert remove_members(table, set(), MEMBERS[:3]) == table
 
 
@@ -52,7 +52,7 @@ def test_removing_nobody_changes_nothing():
 @given(st.integers(1, 4), st.integers(0, 3), st.integers(1, 60), st.data())
 def test_removal_keeps_every_surviving_replica_and_an_owner(members, backups, count, data):
     names = MEMBERS[:members]
-    table = initial_assignment(count, names, backups)
+    table = initial_assignment(PartitionTable(partition_count=count), names, backups)
     gone = set(data.draw(st.lists(st.sampled_from(names), max_size=members - 1)))
     rest = [m for m in names if m not in gone]
     out = remove_members(table, gone, rest)
@@ -66,7 +66,7 @@ def test_removal_keeps_every_surviving_replica_and_an_owner(members, backups, co
 
 
 def test_initial_assignment_is_safe_and_removal_is_not():
-    table = initial_assignment(271, MEMBERS[:3], 1)
+    table = initial_assignment(PartitionTable(partition_count=271), MEMBERS[:3], 1)
     assert is_cluster_safe(table, MEMBERS[:3], 1)
     assert not is_cluster_safe(table, MEMBERS[:3], 1, migrating=True)
     out = remove_members(table, {"b"}, ["a", "c"])

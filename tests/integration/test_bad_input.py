@@ -7,7 +7,6 @@ import msgpack
 import pytest
 import zmq
 
-import grid
 from grid import errors
 from grid import protocol as p
 from grid.client.registry import pid_alive
@@ -152,6 +151,17 @@ def test_operation_timeout_names_the_operation_and_partition(cluster_factory):
             os.kill(owner_pid, signal.SIGCONT)
 
 
-def test_connect_with_wrong_cluster_name_by_address(grid_cluster):
-    with pytest.raises(errors.WrongClusterNameError):
-        grid.connect(grid_cluster.address, cluster_name="wrong")
+def test_put_all_with_an_oversized_entry_applies_nothing(cluster_factory, monkeypatch):
+    """A refusal half way through a batch would leave the partitions before it written on the
+    owner and on no backup: the whole batch is refused before anything is applied."""
+    monkeypatch.setenv("SHMGRID_MAX_VALUE_BYTES", "1000")
+    cluster = cluster_factory(members=1, backup_count=0)
+    member = cluster.registry["members"][0]
+    ok_key, big_key = msgpack.packb("fits"), msgpack.packb("too big")
+    items = [ok_key, msgpack.packb("v"), big_key, msgpack.packb("x" * 2000)]
+    [reply] = _raw(member["endpoint"], [[
+        p.request(p.PUT_ALL, 1, cluster.cluster_name, ns="m", pids=[3, 4], counts=[1, 1]),
+        p.pack_items(items)]])
+    assert reply["ok"] is False and reply["code"] == p.TOO_LARGE
+    with cluster.connect() as client:
+        assert client.get_map("m").size() == 0

@@ -16,8 +16,8 @@ from typing import Any
 import zmq
 
 from grid import protocol as p
-from grid.client.registry import pid_alive, read_registry, registry_path
-from grid.config import GridConfig
+from grid.client.registry import is_registered_process, read_registry, registry_path
+from grid.config import SECRET_ENV, GridConfig
 from grid.errors import ClusterNotRunningError, GridError
 
 DETACH_WAIT_S = 60.0
@@ -41,6 +41,8 @@ def _registry(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
 
 def _supervisor_call(data: dict[str, Any], op: str, timeout: float = 10.0,
                      **fields: Any) -> dict[str, Any] | None:
+    """A command to the supervisor, with the cluster secret from the registry file."""
+    fields[p.SECRET_FIELD] = data.get("config", {}).get("cluster_secret", "")
     ctx = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)
@@ -74,7 +76,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             data = read_registry(path)
         except ClusterNotRunningError:
             data = {}
-        if pid_alive(data.get("supervisor", {}).get("pid")):
+        if is_registered_process(data.get("supervisor", {})):
             print(f"error: cluster {config.cluster_name!r} is already running (registry {path});"
                   f" stop it with `shmgrid stop --cluster-name {config.cluster_name}`",
                   file=sys.stderr)
@@ -104,11 +106,16 @@ def cmd_start(args: argparse.Namespace) -> int:
 def _start_detached(config: GridConfig, path: Path) -> int:
     log_path = path.with_suffix(".log")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Any process can read a command line: a configured secret goes in the environment.
+    public = {k: v for k, v in config.to_dict().items() if k != "cluster_secret"}
+    env = dict(os.environ)
+    if config.cluster_secret:
+        env[SECRET_ENV] = config.cluster_secret
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grid.supervisor", json.dumps(config.to_dict())],
+            [sys.executable, "-m", "grid.supervisor", json.dumps(public)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            start_new_session=True, close_fds=True)
+            start_new_session=True, close_fds=True, env=env)
     deadline = time.monotonic() + DETACH_WAIT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -140,12 +147,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _cleanup_orphans(data: dict[str, Any], cluster_name: str) -> list[int]:
-    """Kill members a dead supervisor left behind and remove their segments."""
+    """Kill members a dead supervisor left behind and remove their segments. A pid is killed
+    only while it is still the registered process (same start time): the system may have
+    given it to an unrelated process since."""
     from workers.shm import remove_segments
 
     killed = []
     for m in data.get("members", []):
-        if pid_alive(m.get("pid")):
+        if is_registered_process(m):
             try:
                 os.kill(m["pid"], signal.SIGKILL)
                 killed.append(m["pid"])
@@ -161,13 +170,15 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except ClusterNotRunningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    sup_pid = data.get("supervisor", {}).get("pid")
-    if pid_alive(sup_pid):
+    sup = data.get("supervisor", {})
+    sup_pid = sup.get("pid")
+    if is_registered_process(sup):
         reply = _supervisor_call(data, p.STOP)
         deadline = time.monotonic() + STOP_WAIT_S
-        while reply is not None and pid_alive(sup_pid) and time.monotonic() < deadline:
+        while reply is not None and is_registered_process(sup) and \
+                time.monotonic() < deadline:
             time.sleep(0.05)
-        if pid_alive(sup_pid):
+        if is_registered_process(sup):
             print("the supervisor did not stop in time; killing it and its members",
                   file=sys.stderr)
             os.kill(sup_pid, signal.SIGKILL)
@@ -196,9 +207,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     master = next((r for r in rows if r.get("master")), rows[0] if rows else {})
     summary = {"cluster": client.cluster_name, "state": master.get("state", "UNKNOWN"),
-               "safe": bool(master.get("safe")), "members": [
+               "safe": bool(master.get("safe")),
+               # Owned partitions with no synchronous backup: their writes rest on one member.
+               "unbacked": sum(r.get("unbacked") or 0 for r in rows), "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
-                                          "owned", "backups", "shm_bytes", "rss",
+                                          "owned", "backups", "unbacked", "shm_bytes", "rss",
                                           "unreachable") if k in r} for r in rows]}
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -220,6 +233,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     Console().print(table)
     if not summary["safe"]:
         print("not safe: some partitions lack their configured backups or are migrating")
+    if summary["unbacked"]:
+        print(f"{summary['unbacked']} partitions have no backup: a write to them is "
+              f"acknowledged by its owner alone")
     return 0
 
 
@@ -241,6 +257,10 @@ def cmd_kill(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     sig = getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}")
+    if not is_registered_process(matches[0]):  # its pid may belong to another process now
+        print(f"error: {matches[0]['name']} (pid {matches[0]['pid']}) is no longer running",
+              file=sys.stderr)
+        return 1
     os.kill(matches[0]["pid"], sig)
     print(f"sent {sig.name} to {matches[0]['name']} (pid {matches[0]['pid']})")
     return 0

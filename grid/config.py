@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 MAX_BACKUP_COUNT = 6
+# The cluster secret's variable; the CLI hands a configured secret to the detached supervisor
+# in it rather than on the command line, which every user can read.
+SECRET_ENV = "SHMGRID_CLUSTER_SECRET"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class GridConfig:
     max_message_bytes: int = 512 * 1024 * 1024
     host: str = "127.0.0.1"
     registry_dir: str = ""
+    # Control messages (member list changes, state, shutdown, fences) carry this; the supervisor
+    # creates one at start when none is set, and keeps it in the registry file (mode 0600).
+    cluster_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         errors = []

@@ -48,6 +48,18 @@ class OperationTimeoutError(GridError):
             op, seconds, partition_id, last_error)
 
 
+class IndeterminateOperationStateError(OperationTimeoutError):
+    """A write whose outcome is unknown: an attempt reached a member and no definite answer
+    came back before the invocation timeout, so it may or may not have been applied (as
+    Hazelcast's IndeterminateOperationStateException). Resending it is safe only where the
+    write is idempotent; read the key to find out."""
+
+    def __init__(self, op: str, seconds: float, partition_id: int | None = None,
+                 last_error: BaseException | None = None) -> None:
+        super().__init__(op, seconds, partition_id, last_error)
+        self.args = (f"{op} may or may not have been applied: {self.args[0]}",)
+
+
 class ValueTooLargeError(GridError, ValueError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
@@ -90,6 +102,18 @@ class MemberIsLiteError(GridError):
             f"member {member} is a lite member and holds no partitions, so it cannot serve {op}; "
             f"send data operations through the client, which routes them to partition owners"
         )
+
+
+class NotAuthorizedError(GridError):
+    """A control message without the cluster secret: only the supervisor and members send them."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(
+            f"only the cluster's supervisor and its members may send {op!r}; clients use the "
+            f"map API (grid.connect), and the shmgrid command reads the cluster secret from the "
+            f"registry file"
+        )
+        self.op = op
 
 
 class ProtocolError(GridError):

@@ -9,6 +9,7 @@ the receiver wants decoded objects, the serialized items laid end to end.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import msgpack
@@ -21,9 +22,9 @@ PUT_IF_ABSENT, REPLACE, CONTAINS = "put_if_absent", "replace", "contains"
 KEY_OPS = frozenset({GET, PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE, CONTAINS})
 WRITE_KEY_OPS = frozenset({PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE})
 # Client → member: map operations on partitions (header: ns, pids[, counts]).
-PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, MOVE = (
-    "put_all", "get_all", "size", "clear", "entries", "move")
-WRITE_OPS = WRITE_KEY_OPS | {PUT_ALL, CLEAR, MOVE}
+PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, REPLACE_CONTENTS = (
+    "put_all", "get_all", "size", "clear", "entries", "replace_contents")
+WRITE_OPS = WRITE_KEY_OPS | {PUT_ALL, CLEAR, REPLACE_CONTENTS}
 # Anyone → member: cluster views.
 TABLE, STATUS, PING = "table", "status", "ping"
 # Member ↔ member.
@@ -33,19 +34,25 @@ JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
 FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
+# Only the supervisor and the members may send these (to a member; the supervisor's own
+# commands likewise): the header must carry the cluster secret in SECRET_FIELD.
+CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
+                         JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE})
+SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER})
+SECRET_FIELD = "k"
 
 # Error codes in replies, and the client-side classes they become.
 WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT = (
     "wrong_target", "not_ready", "migrating", "member_left")
-WRONG_CLUSTER, STATE, LITE, PROTOCOL, TOO_LARGE, SERVER, TIMEOUT = (
-    "wrong_cluster", "state", "lite", "protocol", "too_large", "server", "timeout")
+WRONG_CLUSTER, STATE, LITE, PROTOCOL, TOO_LARGE, SERVER = (
+    "wrong_cluster", "state", "lite", "protocol", "too_large", "server")
+AUTH = "auth"
 
 _CODE_CLASSES: dict[str, type[errors.GridError]] = {
     WRONG_TARGET: errors.WrongTargetError,
     NOT_READY: errors.NotReadyError,
     MIGRATING: errors.PartitionMigratingError,
     MEMBER_LEFT: errors.MemberLeftError,
-    TIMEOUT: errors.MemberLeftError,
     PROTOCOL: errors.ProtocolError,
     SERVER: errors.ServerError,
 }
@@ -56,7 +63,8 @@ def pack_header(header: dict[str, Any]) -> bytes:
 
 
 def unpack_header(frame: bytes) -> dict[str, Any]:
-    """Decode a header frame; anything but a map with a str ``op`` or an ``id`` is an error."""
+    """Decode a header frame; anything but a msgpack map is an error. The fields are checked
+    where they are used (the dispatcher checks ``op``; a handler its own fields)."""
     try:
         header = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -69,6 +77,14 @@ def unpack_header(frame: bytes) -> dict[str, Any]:
 def request(op: str, rid: int, cluster: str, **fields: Any) -> bytes:
     fields["op"], fields["id"], fields["c"] = op, rid, cluster
     return pack_header(fields)
+
+
+def has_secret(header: dict[str, Any], secret: str) -> bool:
+    """Whether a request carries the cluster secret. With no secret configured, none does."""
+    given = header.get(SECRET_FIELD)
+    if not secret or not isinstance(given, str):
+        return False
+    return hmac.compare_digest(given.encode(), secret.encode())
 
 
 def reply_ok(rid: Any, **fields: Any) -> bytes:
@@ -87,6 +103,8 @@ def error_from_reply(header: dict[str, Any]) -> errors.GridError:
     if code == STATE:
         return errors.ClusterStateError(str(header.get("op", "operation")),
                                         str(header.get("state", "?")))
+    if code == AUTH:
+        return errors.NotAuthorizedError(str(header.get("op", "this operation")))
     if code == LITE:
         return errors.MemberIsLiteError(str(header.get("member", "?")),
                                         str(header.get("op", "operation")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -22,8 +23,9 @@ import multiprocess
 import zmq
 
 from grid import protocol as p
-from grid.client.registry import write_registry
-from grid.config import GridConfig
+from grid.client.registry import create_time, write_registry
+from grid.config import SECRET_ENV, GridConfig
+from grid.errors import NotAuthorizedError
 from workers.member import run_member
 from workers.shm import remove_segments
 
@@ -45,17 +47,31 @@ class MemberProcess:
     uuid: str = ""
     endpoint: str = ""
     pid: int = 0
+    create_time: float = 0.0  # with the pid, tells this process from a later one of that pid
     lite: bool = False
     fenced: bool = False
     socket: Any = field(default=None, repr=False)
 
     def to_registry(self) -> dict[str, Any]:
         return {"name": self.name, "uuid": self.uuid, "endpoint": self.endpoint,
-                "pid": self.pid, "lite": self.lite}
+                "pid": self.pid, "create_time": self.create_time, "lite": self.lite}
+
+
+@dataclass
+class Starting:
+    """A member process that was started and has not reported ready yet. Every started
+    process is held here or in ``Supervisor.members``, so that whatever fails, it is stopped."""
+
+    member: MemberProcess
+    ready: Any  # the read end of the pipe on which the member reports its endpoint
+    deadline: float
+    requester: tuple[bytes, Any] | None = None  # ADD_MEMBER: (router identity, request id)
 
 
 class Supervisor:
     def __init__(self, config: GridConfig) -> None:
+        if not config.cluster_secret:
+            config = config.replace(cluster_secret=secrets.token_hex(16))
         self.config = config
         self.registry = config.registry_path()
         self.mp = multiprocess.get_context("spawn")
@@ -64,12 +80,16 @@ class Supervisor:
         self.router.setsockopt(zmq.LINGER, 0)
         port = self.router.bind_to_random_port(f"tcp://{config.host}")
         self.endpoint = f"tcp://{config.host}:{port}"
-        self.members: dict[str, MemberProcess] = {}  # by name
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.members: dict[str, MemberProcess] = {}  # by name: started and ready
+        self.starting: dict[str, Starting] = {}  # by name: started, not ready yet
         self.next_index = 0
         self.state = "starting"
         self.stopping = False
         self.ids = 0
         self.started_at = time.time()
+        self.create_time = create_time(os.getpid())
 
     # -- members ---------------------------------------------------------------------------
 
@@ -80,36 +100,66 @@ class Supervisor:
         return [m.endpoint for m in self.members.values() if m.endpoint and not m.fenced]
 
     def spawn_members(self, count: int, lite: bool = False) -> list[MemberProcess]:
-        """Start ``count`` members in parallel and wait until each reports its endpoint."""
-        join = self._join_endpoints()
-        started = []
-        for _ in range(count):
-            name = f"member-{self.next_index}"
-            self.next_index += 1
-            receiver, sender = self.mp.Pipe(duplex=False)
-            proc = self.mp.Process(
-                target=run_member, name=name, daemon=False,
-                args=(self.config.to_dict(), name, join, self.endpoint, lite, sender))
-            proc.start()
-            sender.close()
-            started.append((MemberProcess(name, proc, lite=lite), receiver))
-        for member, receiver in started:
-            if not receiver.poll(READY_TIMEOUT_S):
-                member.process.kill()
-                raise StartupError(f"{member.name} did not start within {READY_TIMEOUT_S} s")
+        """Start ``count`` members in parallel and wait until each reports its endpoint.
+        On a failure the members of the batch that are still starting stay in
+        ``self.starting``, where shutdown() stops them."""
+        entries = [self._start_member(lite) for _ in range(count)]
+        for entry in entries:
+            if not entry.ready.poll(max(0.0, entry.deadline - time.monotonic())):
+                self._abandon(entry)
+                raise StartupError(
+                    f"{entry.member.name} did not start within {READY_TIMEOUT_S:g} s")
             try:
-                report = receiver.recv()
-            except EOFError:
-                raise StartupError(f"{member.name} exited while starting") from None
-            if "error" in report:
-                raise StartupError(f"{member.name} failed to start: {report['error']}")
-            member.uuid, member.endpoint, member.pid = (
-                report["uuid"], report["endpoint"], report["pid"])
-            member.socket = self._dealer(member.endpoint)
-            self.members[member.name] = member
-            log.info("started %s (pid %d) at %s", member.name, member.pid, member.endpoint)
+                self._accept(entry)
+            except StartupError:
+                self._abandon(entry)
+                raise
         self.write_registry()
-        return [m for m, _ in started]
+        return [entry.member for entry in entries]
+
+    def _start_member(self, lite: bool, requester: tuple[bytes, Any] | None = None) -> Starting:
+        """Start one member process; it is in ``self.starting`` until it reports."""
+        name = f"member-{self.next_index}"
+        self.next_index += 1
+        receiver, sender = self.mp.Pipe(duplex=False)
+        proc = self.mp.Process(
+            target=run_member, name=name, daemon=False,
+            args=(self.config.to_dict(), name, self._join_endpoints(), self.endpoint, lite,
+                  sender))
+        proc.start()
+        sender.close()
+        member = MemberProcess(name, proc, pid=proc.pid, create_time=create_time(proc.pid) or 0.0,
+                               lite=lite)
+        entry = Starting(member, receiver, time.monotonic() + READY_TIMEOUT_S, requester)
+        self.starting[name] = entry
+        return entry
+
+    def _accept(self, entry: Starting) -> MemberProcess:
+        """Take a starting member's report (it is ready to read): the member joins
+        ``self.members``, or StartupError says why it did not start."""
+        member = entry.member
+        try:
+            report = entry.ready.recv()
+        except (EOFError, OSError):
+            raise StartupError(f"{member.name} exited while starting") from None
+        if "error" in report:
+            raise StartupError(f"{member.name} failed to start: {report['error']}")
+        del self.starting[member.name]
+        entry.ready.close()
+        member.uuid, member.endpoint = report["uuid"], report["endpoint"]
+        member.socket = self._dealer(member.endpoint)
+        self.members[member.name] = member
+        log.info("started %s (pid %d) at %s", member.name, member.pid, member.endpoint)
+        return member
+
+    def _abandon(self, entry: Starting) -> None:
+        """Stop a member that failed to start (it has joined no cluster, so nothing is lost)
+        and clean up after it."""
+        self.starting.pop(entry.member.name, None)
+        entry.ready.close()
+        entry.member.process.kill()
+        entry.member.process.join(timeout=2)
+        remove_segments(self._segment_prefix(entry.member.name))
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
@@ -117,13 +167,19 @@ class Supervisor:
         sock.connect(endpoint)
         return sock
 
+    def _request(self, op: str, **fields: Any) -> bytes:
+        """A request header with a new id and the cluster secret (members take control
+        messages only with it)."""
+        self.ids += 1
+        fields[p.SECRET_FIELD] = self.config.cluster_secret
+        return p.request(op, self.ids, self.config.cluster_name, **fields)
+
     def _ask(self, member: MemberProcess, op: str, timeout: float = 2.0,
              **fields: Any) -> dict[str, Any] | None:
         """A request to one member, answered within ``timeout`` or None."""
-        self.ids += 1
+        header = self._request(op, **fields)
         rid = self.ids
-        member.socket.send_multipart(
-            [p.request(op, rid, self.config.cluster_name, **fields)])
+        member.socket.send_multipart([header])
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             if not member.socket.poll(remaining * 1000):
@@ -134,9 +190,7 @@ class Supervisor:
         return None
 
     def _tell(self, member: MemberProcess, op: str, **fields: Any) -> None:
-        self.ids += 1
-        member.socket.send_multipart(
-            [p.request(op, self.ids, self.config.cluster_name, **fields)], zmq.NOBLOCK)
+        member.socket.send_multipart([self._request(op, **fields)], zmq.NOBLOCK)
 
     def live_members(self) -> list[MemberProcess]:
         return [m for m in self.members.values() if m.process.is_alive()]
@@ -170,7 +224,8 @@ class Supervisor:
         write_registry(self.registry, {
             "cluster_name": self.config.cluster_name,
             "state": self.state,
-            "supervisor": {"pid": os.getpid(), "endpoint": self.endpoint},
+            "supervisor": {"pid": os.getpid(), "create_time": self.create_time,
+                           "endpoint": self.endpoint},
             "members": [m.to_registry() for m in self.members.values()],
             "config": self.config.to_dict(),
             "started_at": self.started_at,
@@ -194,23 +249,58 @@ class Supervisor:
 
     def serve(self) -> None:
         """Watch members and answer commands until asked to stop."""
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
         while not self.stopping:
-            # A member's sentinel (a pipe) hangs up when its process ends: zmq reports that as
-            # POLLERR. Every member is also checked each round, which reaps it.
-            sentinels = [m.process.sentinel for m in self.members.values()]
-            for fd in sentinels:
-                poller.register(fd, zmq.POLLIN | zmq.POLLERR)
-            ready = dict(poller.poll(POLL_MS))
-            for fd in sentinels:
-                poller.unregister(fd)
-            for member in list(self.members.values()):
-                if not member.process.is_alive():
-                    self._on_death(member)
-            if self.router in ready:
-                self._drain_commands()
+            self.poll_once(POLL_MS)
         self.shutdown()
+
+    def poll_once(self, timeout_ms: int) -> None:
+        """One round of the loop: deaths, members that finished starting, commands. Nothing
+        in it waits for a member, so a death is reported at once even while one starts."""
+        # A member's sentinel (a pipe) hangs up when its process ends: zmq reports that as
+        # POLLERR. Every member is also checked each round, which reaps it. A starting
+        # member's report pipe becomes readable when it reports or exits.
+        fds = [m.process.sentinel for m in self.members.values()]
+        fds += [entry.ready.fileno() for entry in self.starting.values()]
+        for fd in fds:
+            self.poller.register(fd, zmq.POLLIN | zmq.POLLERR)
+        try:
+            ready = dict(self.poller.poll(timeout_ms))
+        finally:
+            for fd in fds:
+                self.poller.unregister(fd)
+        for member in list(self.members.values()):
+            if not member.process.is_alive():
+                self._on_death(member)
+        for entry in list(self.starting.values()):
+            if entry.ready.poll(0):
+                self._on_started(entry)
+            elif time.monotonic() >= entry.deadline:
+                self._on_start_failed(entry, f"{entry.member.name} did not start within "
+                                             f"{READY_TIMEOUT_S:g} s")
+        if self.router in ready:
+            self._drain_commands()
+
+    def _on_started(self, entry: Starting) -> None:
+        """An added member reported: it is ready, or it failed."""
+        try:
+            member = self._accept(entry)
+        except StartupError as exc:
+            self._on_start_failed(entry, str(exc))
+            return
+        self.write_registry()
+        if entry.requester is not None:
+            self._answer(entry.requester[0], p.reply_ok(entry.requester[1],
+                                                        member=member.to_registry()))
+
+    def _on_start_failed(self, entry: Starting, why: str) -> None:
+        log.error("%s", why)
+        self._abandon(entry)
+        if entry.requester is not None:
+            self._answer(entry.requester[0], p.reply_error(entry.requester[1], p.SERVER, why))
+
+    def _answer(self, ident: bytes, reply: bytes) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # the requester may have gone
+            self.router.send_multipart([ident, reply], zmq.NOBLOCK)
 
     def _on_death(self, member: MemberProcess) -> None:
         member.process.join(timeout=1)
@@ -237,15 +327,21 @@ class Supervisor:
             ident = frames[0]
             try:
                 header = p.unpack_header(frames[1])
-                reply = self._command(header)
+                reply = self._command(ident, header)
             except Exception as exc:
                 log.exception("command failed")
                 reply = p.reply_error(None, p.SERVER, str(exc))
             if reply is not None:
                 self.router.send_multipart([ident, reply])
 
-    def _command(self, header: dict[str, Any]) -> bytes | None:
+    def _command(self, ident: bytes, header: dict[str, Any]) -> bytes | None:
         op, rid = header.get("op"), header.get("id")
+        if isinstance(op, str) and op in p.SUPERVISOR_OPS and \
+                not p.has_secret(header, self.config.cluster_secret):
+            log.warning("refused %r from a sender without the cluster secret", op)
+            if op == p.FENCE:
+                return None
+            return p.reply_error(rid, p.AUTH, str(NotAuthorizedError(op)), op=op)
         if op == p.FENCE:
             sender = next((m for m in self.members.values() if m.uuid == header.get("from")),
                           None)
@@ -260,8 +356,9 @@ class Supervisor:
             self.stopping = True
             return p.reply_ok(rid)
         if op == p.ADD_MEMBER:
-            [member] = self.spawn_members(1, lite=bool(header.get("lite")))
-            return p.reply_ok(rid, member=member.to_registry())
+            # Answered when the member reports (poll_once); the loop goes on meanwhile.
+            self._start_member(bool(header.get("lite")), requester=(ident, rid))
+            return None
         return p.reply_error(rid, p.PROTOCOL, f"unknown command {op!r}")
 
     def _fence(self, uuid: Any, reason: str) -> None:
@@ -272,20 +369,45 @@ class Supervisor:
                 member.fenced = True
                 os.kill(member.pid, signal.SIGKILL)
 
+    def _master(self, live: list[MemberProcess]) -> MemberProcess | None:
+        """The live member that is master: one that says so, or the first of a member's list."""
+        by_uuid = {m.uuid: m for m in live}
+        for member in live:
+            view = self._ask(member, p.TABLE, timeout=1.0)
+            if not view or not view.get("ok"):
+                continue
+            if view.get("master"):
+                return member
+            with contextlib.suppress(LookupError, TypeError):
+                first = by_uuid.get(view["members"][1][0][0])
+                if first is not None:
+                    return first
+        return None
+
     def shutdown(self) -> None:
         """Stop every member (refusing writes first), clean up segments and the registry."""
         self.stopping = True
         self.state = "stopping"
+        for entry in self.starting.values():  # members still starting just stop
+            entry.member.process.terminate()
+            if entry.requester is not None:
+                self._answer(entry.requester[0], p.reply_error(
+                    entry.requester[1], p.SERVER, "the supervisor is stopping"))
         live = self.live_members()
         if live:
             with contextlib.suppress(OSError):
                 self.write_registry()
-            master = live[0]
-            self._ask(master, p.SET_STATE, timeout=1.0, state="PASSIVE")
+            master = self._master(live)
+            reply = self._ask(master, p.SET_STATE, timeout=1.0, state="PASSIVE") \
+                if master is not None else None
+            if not reply or not reply.get("ok"):
+                log.warning("could not set the cluster PASSIVE before stopping: %s",
+                            reply.get("msg") if reply else "no master answered")
             for member in live:
                 self._tell(member, p.SHUTDOWN)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for member in list(self.members.values()):
+        starting = [entry.member for entry in self.starting.values()]
+        for member in list(self.members.values()) + starting:
             member.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if member.process.is_alive():
                 log.warning("%s did not stop in time; killing it", member.name)
@@ -294,6 +416,9 @@ class Supervisor:
             remove_segments(self._segment_prefix(member.name))
             if member.socket is not None:
                 member.socket.close(0)
+        for entry in self.starting.values():
+            entry.ready.close()
+        self.starting.clear()
         self.members.clear()
         remove_segments(f"shmgrid-{self.config.cluster_name}")
         with contextlib.suppress(FileNotFoundError):
@@ -327,7 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s supervisor %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    return run(GridConfig(**json.loads(argv[0])))
+    config = json.loads(argv[0])
+    # The secret, if one was configured, comes in the environment: a command line is public.
+    config.setdefault("cluster_secret", os.environ.get(SECRET_ENV, ""))
+    return run(GridConfig(**config))
 
 
 if __name__ == "__main__":

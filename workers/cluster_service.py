@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
+from grid.cluster.lease import MembershipLease
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
 from grid.cluster.state import ClusterState
@@ -23,7 +24,6 @@ log = logging.getLogger("shmgrid.cluster")
 
 JOIN_RETRY_S = 0.5
 JOIN_TIMEOUT_S = 30.0
-FETCH_RETRY_S = 1.0
 
 
 class ClusterService:
@@ -37,8 +37,23 @@ class ClusterService:
         self.members = MemberList()
         self.table = PartitionTable(partition_count=self.config.partition_count)
         self.state = ClusterState.ACTIVE
+        # Members we hold for gone: reported dead by the supervisor, timed out by us as master
+        # or as next in line, or given up for a claimant we follow. We refuse their publishes.
         self.dead: set[str] = set()
+        # A master we stopped hearing but are not next in line to replace: we keep following
+        # it (its publishes are taken, and clear this) and back a claimant who replaces it.
+        self.suspected: set[str] = set()
+        # The claimant we went along with, when, and whom we gave up for it: if it has not
+        # become our master within the heartbeat timeout, we follow the old master again.
+        self.claim_followed: tuple[str, float, set[str]] | None = None
+        # Master: members that refuse our publishes, since when (they are removed in time).
+        self.refusing: dict[str, float] = {}
         self.last_heard: dict[str, float] = {}
+        self.lease = MembershipLease(self.config.heartbeat_timeout,
+                                     margin_s=self.config.heartbeat_timeout * 0.05)
+        self.heard_number: dict[str, int] = {}  # peer -> newest heartbeat number from it
+        self.next_table_ask = 0.0
+        self.next_catch_up: dict[str, float] = {}
         self.master_heard = self.member.now()
         self.last_tick = self.master_heard
         self.next_heartbeat = 0.0
@@ -78,6 +93,30 @@ class ClusterService:
     def is_safe(self) -> bool:
         return self.joined and is_cluster_safe(self.table, self.members.data_members,
                                                self.config.backup_count)
+
+    def lease_valid(self) -> bool:
+        """Whether nobody can have removed this member yet (grid/cluster/lease.py): what an
+        owner checks before it acknowledges a write that no backup holds."""
+        if not self.joined or self.recovering:
+            return False
+        if self.is_master:
+            peers = [u for u in self.members.uuids if u != self.me]
+        else:
+            master = self.members.master
+            if master is None or master.uuid in self.dead:
+                return False
+            peers = [master.uuid]
+        return self.member.now() < self.lease.valid_until(peers)
+
+    def ask_for_table(self) -> None:
+        """Our table is older than a peer's: heartbeat the master now (at most once a
+        heartbeat interval), which answers a differing stamp with its view."""
+        now = self.member.now()
+        master = self.members.master
+        if self.is_master or master is None or now < self.next_table_ask:
+            return
+        self.next_table_ask = now + self.config.heartbeat_interval
+        self._heartbeat_to(master.uuid)
 
     def replica_counts(self) -> tuple[int, int]:
         counts = self.table.replica_counts(self.me)
@@ -156,20 +195,30 @@ class ClusterService:
             log.error("ignored a table of %d partitions (ours: %d)", table.partition_count,
                       self.table.partition_count)
             return
+        newer = None
         if members.version > self.members.version:
             if self.joined and self.me not in members:
                 log.error("the master removed this member; stopping")
                 self.member.running = False
                 return
-            self._set_members(members)
-        changed = self.table.apply(table)
+            newer = members
         state = fields.get("state")
         if isinstance(state, str) and state in ClusterState.__members__:
             self.state = ClusterState(state)
+        self._adopt(newer, table)
+
+    def _adopt(self, members: MemberList | None, table: PartitionTable) -> None:
+        """Take a newer member list (if any) and table together, then tell the map service:
+        it must never judge a write by a member list without its table."""
+        left = self._set_members(members) if members is not None else set()
+        changed = self.table.apply(table)
+        if left:
+            self.member.maps.on_members_change(left)
         if changed:
             self.member.maps.on_table_change(changed)
 
-    def _set_members(self, members: MemberList) -> None:
+    def _set_members(self, members: MemberList) -> set[str]:
+        """Take a newer member list; return who left."""
         old = set(self.members.uuids)
         self.members = members
         now = self.member.now()
@@ -177,23 +226,32 @@ class ClusterService:
             if m.uuid != self.me and m.uuid not in old:
                 self.member.connect_peer(m.uuid, m.endpoint)
                 self.last_heard[m.uuid] = now
-        for uuid in old - set(members.uuids):
-            if uuid != self.me:
-                self.member.disconnect_peer(uuid)
-                self.last_heard.pop(uuid, None)
+        left = old - set(members.uuids) - {self.me}
+        for uuid in left:
+            self.member.disconnect_peer(uuid)
+            self.last_heard.pop(uuid, None)
+            self.lease.forget(uuid)
+            self.heard_number.pop(uuid, None)
+            self.refusing.pop(uuid, None)
+        self.suspected &= set(members.uuids)
+        if self.claim_followed and members.master and \
+                members.master.uuid == self.claim_followed[0]:
+            self.claim_followed = None  # the claimant we backed is our master now
         self.master_heard = now
-        self.member.maps.on_members_change()
+        return left
 
     def _on_publish(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sender = header.get("from")
         if sender in self.dead or not self._is_publisher(sender, header.get("members")):
             # A removed master that came back (hung, then resumed before it was fenced):
             # its table carries higher versions for changes nobody may follow.
-            self.member.reply_error(ident, header, p.NOT_READY, "not our master")
+            self.member.reply_error(ident, header, p.NOT_READY, "not our master",
+                                    not_following=True)
             return
         self._apply_view(header)
         if sender == getattr(self.members.master, "uuid", None):
             self.master_heard = self.member.now()
+            self.suspected.discard(sender)
         self.member.reply_ok(ident, header)
 
     def _is_publisher(self, sender: Any, members_wire: Any) -> bool:
@@ -214,12 +272,28 @@ class ClusterService:
 
     def _on_heartbeat(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sender = header.get("from")
+        if not isinstance(sender, str):
+            return
         now = self.member.now()
         if sender in self.members:
             self.last_heard[sender] = now
+            number = header.get("n")
+            if isinstance(number, int):
+                self.heard_number[sender] = number
+            self.lease.echoed(sender, header.get("echo"))
+            self.member.maps.on_lease_renewed()
         if sender == getattr(self.members.master, "uuid", None):
             self.master_heard = now
-        if not self.is_master or not isinstance(sender, str):
+            self.suspected.discard(sender)
+        if not self.is_master:
+            # A member that heartbeats us with a newer member list is a master we do not
+            # follow yet (its publish was lost, or we refused it then): heartbeat it back,
+            # and it answers our old stamp with its view.
+            version = header.get("mv")
+            if isinstance(version, int) and version > self.members.version and \
+                    now >= self.next_catch_up.get(sender, 0.0):
+                self.next_catch_up[sender] = now + self.config.heartbeat_interval
+                self._heartbeat_to(sender)
             return
         if sender not in self.members:
             # A removed member that still runs (it hung and came back before it was fenced):
@@ -246,11 +320,19 @@ class ClusterService:
             older.append(m.uuid)
         else:
             older = None  # not a member of our view
-        if older is None or any(u not in self.dead for u in older):
+        if older is None or any(u not in self.dead and u not in self.suspected
+                                for u in older):
             self.member.reply_error(ident, header, p.NOT_READY, "our master is alive",
                                     master_alive=True)
             return
-        self.master_heard = self.member.now()
+        now = self.member.now()
+        gave_up = set(older) - self.dead
+        if self.claim_followed is not None:
+            gave_up |= self.claim_followed[2]
+        self.dead |= gave_up
+        self.suspected -= gave_up
+        self.claim_followed = (claimant, now, gave_up)
+        self.master_heard = now
         self.member.reply_ok(ident, header, **self.view_fields())
 
     def _on_set_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -278,11 +360,7 @@ class ClusterService:
 
     def _change_view(self, members: MemberList, table: PartitionTable) -> None:
         """Master only: adopt a new member list and table locally, then publish both."""
-        if members is not self.members:
-            self._set_members(members)
-        changed = self.table.apply(table)
-        if changed:
-            self.member.maps.on_table_change(changed)
+        self._adopt(members if members is not self.members else None, table)
         self._publish()
 
     def _publish(self) -> None:
@@ -292,8 +370,16 @@ class ClusterService:
                 self._publish_to(m.uuid, fields)
 
     def _publish_to(self, uuid: str, fields: dict[str, Any] | None = None) -> None:
+        def on_reply(header: dict[str, Any] | None, frames: list[bytes]) -> None:
+            if header is None or not self.is_master:
+                return
+            if header.get("ok"):
+                self.refusing.pop(uuid, None)
+            elif header.get("not_following"):
+                self.refusing.setdefault(uuid, self.member.now())
+
         self.member.request_peer(uuid, p.PUBLISH, dict(fields or self.view_fields()), [],
-                                 lambda h, f: None, timeout=self.config.heartbeat_timeout)
+                                 on_reply, timeout=self.config.heartbeat_timeout)
 
     def remove(self, uuids: set[str], reason: str) -> None:
         """Master only: remove members, promote backups, publish, have the removed fenced."""
@@ -315,6 +401,8 @@ class ClusterService:
         self.member_gone(uuid, "process died")
 
     def member_gone(self, uuid: str, reason: str) -> None:
+        if self.claim_followed is not None and reason == "process died":
+            self.claim_followed[2].discard(uuid)  # truly gone, whatever the claimant does
         if uuid == self.me or uuid in self.dead:
             return
         self.dead.add(uuid)
@@ -355,10 +443,13 @@ class ClusterService:
             self._finish_recovery()
             return
         if now >= self.next_fetch:
-            self.next_fetch = now + FETCH_RETRY_S
+            # Ask again every heartbeat interval: a member is given up only after a whole
+            # heartbeat timeout of asking, not after one or two lost messages.
+            self.next_fetch = now + self.config.heartbeat_interval
             for uuid in self.recovery_waiting:
                 self.member.request_peer(uuid, p.FETCH_STATE, {}, [],
-                                         self._fetch_callback(uuid), timeout=FETCH_RETRY_S)
+                                         self._fetch_callback(uuid),
+                                         timeout=self.config.heartbeat_timeout)
 
     def _abort_recovery(self) -> None:
         """Members still hear the master we held for gone: we were wrong (paused, or cut off
@@ -407,8 +498,7 @@ class ClusterService:
         # their heartbeat timeout starts now.
         now = self.member.now()
         self.last_heard = {u: now for u in members.uuids if u != self.me}
-        self._set_members(members)
-        self._change_view(self.members, table)
+        self._change_view(members, table)
         for uuid in gone:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason="left during master change")
         log.info("now master; %d members, table stamp %x", len(members), self.table.stamp())
@@ -440,22 +530,53 @@ class ClusterService:
                     if now - t > timeout and u in self.members}
             if late:
                 self.remove(late, f"no heartbeat for {timeout:g} s")
+            # A member that refuses our publishes for long neither follows us nor leaves:
+            # it may not sit between views, so it is removed (and fenced).
+            stuck = {u for u, t in self.refusing.items()
+                     if now - t > 2 * timeout and u in self.members}
+            if stuck:
+                self.remove(stuck, "it does not follow the master's view")
         elif not self.recovering:
-            master = self.members.master
-            if master and master.uuid != self.me and now - self.master_heard > timeout:
+            self._follower_checks(now)
+
+    def _follower_checks(self, now: float) -> None:
+        timeout = self.config.heartbeat_timeout
+        if self.claim_followed is not None and now - self.claim_followed[1] > timeout:
+            claimant, _, gave_up = self.claim_followed
+            self.claim_followed = None
+            self.dead -= gave_up
+            self.suspected |= gave_up
+            log.warning("claimant %s did not take over; following our master again",
+                        getattr(self.members.get(claimant), "name", claimant))
+        master = self.members.master
+        if master and master.uuid != self.me and now - self.master_heard > timeout:
+            self.master_heard = now
+            first = self.members.first_alive(self.dead | {master.uuid})
+            if first is not None and first.uuid == self.me:
                 log.warning("no heartbeat from master %s for %g s", master.name, timeout)
                 self.member_gone(master.uuid, "heartbeat timeout")
-                self.master_heard = now
+            elif master.uuid not in self.suspected:
+                # Not ours to replace it: the next in line decides, and we back its claim.
+                log.warning("no heartbeat from master %s for %g s; suspecting it",
+                            master.name, timeout)
+                self.suspected.add(master.uuid)
 
     def _send_heartbeats(self) -> None:
-        header_fields = {"mv": self.members.version, "stamp": self.table.stamp(),
-                         "endpoint": self.member.info.endpoint}
         if self.is_master:
             targets = [u for u in self.members.uuids if u != self.me]
         else:
             master = self.members.master
             targets = [master.uuid] if master and master.uuid != self.me else []
         for uuid in targets:
-            header = p.request(p.HEARTBEAT, 0, self.config.cluster_name,
-                               **{"from": self.me, **header_fields})
-            self.member.send_peer(uuid, [header])
+            self._heartbeat_to(uuid)
+
+    def _heartbeat_to(self, uuid: str) -> None:
+        """One heartbeat: our view (a master answers a differing one with its own), our
+        heartbeat number, and the newest number we heard from the peer (its lease)."""
+        header = p.request(p.HEARTBEAT, 0, self.config.cluster_name, **{
+            "from": self.me, p.SECRET_FIELD: self.config.cluster_secret,
+            "mv": self.members.version, "stamp": self.table.stamp(),
+            "endpoint": self.member.info.endpoint,
+            "n": self.lease.next_heartbeat(self.member.now()),
+            "echo": self.heard_number.get(uuid)})
+        self.member.send_peer(uuid, [header])

@@ -1,22 +1,44 @@
 """Map operations on the member: the owner's side (apply, send backups, answer once the
-synchronous backups have applied) and the backup's side (check, apply in version order).
+synchronous backups have applied) and the backup's side (check, apply in stream order).
 
-An owner answers a write only after every synchronous backup acknowledged it, or left the
-partition's replicas in a table the master published (then the write is safe on the replicas
-that remain). A backup applies a change only from the member its own table names as owner,
-so a former owner that still writes after a promotion gets a refusal, never an acknowledgement.
+The guarantees, and where each is kept:
+- An owner answers a write only after every synchronous backup that its table names applied
+  it, or left the partition's replicas in a newer table. Backup operations travel as ordered,
+  retransmitted streams (grid/cluster/replication.py): a failed send is sent again, never
+  taken for an acknowledgement.
+- A write whose backup refuses or does not answer is not answered either: the owner's state is
+  the truth and the operation is sent again until the backup applies it or leaves the table.
+  If the owner loses the partition meanwhile (it was removed), the write fails with a
+  retryable error and the client resends it, with the same invocation id, to the new owner.
+- Nobody reads what may yet be lost: an answer about a partition and namespace waits behind
+  the writes to it that are not durable yet (grid/cluster/reply_order.py).
+- An owner with no synchronous backup for a partition acts alone; it answers only within its
+  membership lease (grid/cluster/lease.py), so a removed owner that resumed acks nothing.
+- A resent mutating call gets the first outcome: owner and backups remember, per partition,
+  what each invocation id returned (grid/cluster/invocations.py).
+- A backup applies operations only from the member its own table names as owner; one whose
+  table is older than the owner's holds them, in order, until its table catches up.
+- A backup promoted to owner may hold writes of the dead owner that another backup missed (or
+  lack some that it has): none of them was acknowledged, but readers must not see one replica
+  and then another. So before it answers anything about the partition, the new owner sends
+  its whole partition to the remaining synchronous backups (a SYNC on each stream).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
+from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
+from grid.cluster.replication import Arrival, BackupInbox, BackupStreams, OutgoingOp
+from grid.cluster.reply_order import ReplyOrder, Slot, Ticket
 from grid.errors import ProtocolError
-from grid.partition.replica_versions import BackupDecision, ReplicaVersions
+from grid.partition.replica_versions import (
+    REPLICA_VERSION_COUNT,
+    BackupDecision,
+    ReplicaVersions,
+)
 from workers.record_store import ValueTooLargeError
 
 if TYPE_CHECKING:
@@ -24,18 +46,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shmgrid.maps")
 
-PUT_KIND, REMOVE_KIND, CLEAR_KIND, MOVE_KIND = "put", "remove", "clear", "move"
-
-
-@dataclass
-class PendingWrite:
-    """A write the owner applied and answers once its synchronous backups have."""
-
-    ident: bytes
-    reply: list[Any]
-    pids: set[int]
-    waiting: dict[int, str] = field(default_factory=dict)  # backup request id -> member uuid
-    failed: tuple[str, str] | None = None
+PUT_KIND, REMOVE_KIND, CLEAR_KIND, REPLACE_CONTENTS_KIND, SYNC_KIND = (
+    "put", "remove", "clear", "replace_contents", "sync")
+BACKUP_KINDS = frozenset({PUT_KIND, REMOVE_KIND, CLEAR_KIND, REPLACE_CONTENTS_KIND, SYNC_KIND})
+# Calls whose answer is the previous value: a resend must be answered with the first one.
+RETURNS_OLD_VALUE = frozenset({p.PUT, p.REMOVE, p.PUT_IF_ABSENT, p.REPLACE})
+# Beyond this many remembered invocations (over all partitions) the oldest are forgotten
+# early: a resend of one of those would be applied again.
+MAX_INVOCATION_RECORDS = 250_000
+OWNERSHIP_CHANGED = "ownership of the partition changed during the write; resend it"
 
 
 class MapService:
@@ -44,13 +63,24 @@ class MapService:
         self.store = member.store
         self.config = member.config
         self.versions = ReplicaVersions()
-        self.pending: dict[int, PendingWrite] = {}  # backup request id -> write
+        self.streams = BackupStreams()
+        self.inbox = BackupInbox()
+        # A client resends within its invocation timeout of its first attempt, and a record
+        # is made after that attempt arrived: keep records that long.
+        self.records = InvocationRecords(keep_s=self.config.invocation_timeout,
+                                         max_records=MAX_INVOCATION_RECORDS)
+        self.order = ReplyOrder()
+        self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
+        self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
+        self.lease_waiting: list[Ticket] = []
+        self.owned: set[int] = set()  # partitions this member owns in its table
 
     def handlers(self) -> dict[str, Any]:
         table = {op: self._on_key_op for op in p.KEY_OPS}
         table.update({
             p.PUT_ALL: self._on_put_all, p.GET_ALL: self._on_get_all, p.SIZE: self._on_size,
-            p.CLEAR: self._on_clear, p.ENTRIES: self._on_entries, p.MOVE: self._on_move,
+            p.CLEAR: self._on_clear, p.ENTRIES: self._on_entries,
+            p.REPLACE_CONTENTS: self._on_replace_contents,
         })
         guarded = {op: self._guarded(op, handler) for op, handler in table.items()}
         guarded[p.BACKUP] = self._on_backup  # a backup follows its owner, whatever the state
@@ -96,6 +126,80 @@ class MapService:
             raise ProtocolError("a map operation needs a namespace (map name)")
         return ns
 
+    @staticmethod
+    def _iid(header: dict[str, Any]) -> str | None:
+        iid = header.get("iid")
+        if iid is not None and (not isinstance(iid, str) or not 0 < len(iid) <= 64):
+            raise ProtocolError("an invocation id is a str of 1..64 characters")
+        return iid
+
+    # -- answering -------------------------------------------------------------------------
+
+    def _answer_after(self, ident: bytes, header: dict[str, Any], slots: list[Slot],
+                      frames: list[bytes], **fields: Any) -> None:
+        """Answer now, or, if a write to one of ``slots`` is not durable yet, after it."""
+        if not self.order.busy(slots):
+            self.member.reply(ident, [p.reply_ok(header.get("id"), **fields), *frames])
+            return
+        ticket = Ticket(slots, [(ident, header.get("id"))], fields, frames)
+        self.order.enqueue(ticket)
+        self._release(ticket.slots)
+
+    def _release(self, slots: tuple[Slot, ...]) -> None:
+        for ticket in self.order.release(slots):
+            self._answer(ticket)
+
+    def _answer(self, ticket: Ticket) -> None:
+        now = self.member.now()
+        if ticket.iid is not None:
+            under_way = self.in_flight.get(ticket.iid)
+            if under_way is not None and ticket in under_way:
+                under_way.remove(ticket)
+                if not under_way:
+                    del self.in_flight[ticket.iid]
+            if ticket.failed is None:
+                self.records.record(ticket.iid, ticket.written, ticket.outcome, now)
+        if ticket.failed is not None:
+            code, msg = ticket.failed
+            for ident, rid in ticket.waiters:  # applied here, maybe on a backup: resend it
+                self.member.reply(ident, [p.reply_error(rid, code, msg, indeterminate=True)])
+            return
+        for ident, rid in ticket.waiters:
+            self.member.reply(ident, [p.reply_ok(rid, **ticket.fields), *ticket.frames])
+
+    def _settle(self, ticket: Ticket) -> None:
+        """Re-check a ticket whose conditions changed; answer what became answerable."""
+        if ticket.failed is None and ticket.needs_lease and not ticket.waiting:
+            if self.member.cluster.lease_valid():
+                ticket.needs_lease = False
+            elif ticket not in self.lease_waiting:
+                self.lease_waiting.append(ticket)
+        if ticket.ready:
+            self._release(ticket.slots)
+
+    def _resent(self, ident: bytes, header: dict[str, Any], slot: Slot, iid: str | None) -> bool:
+        """A resend of a call seen before: answer it as the first was (or will be)."""
+        if iid is None:
+            return False
+        pid = slot[0]
+        outcome = self.records.get(pid, iid)
+        if outcome is not NOT_RECORDED:
+            # Recorded here as a backup, perhaps: answer once the partition is durable.
+            self._answer_after(ident, header, [slot], [] if outcome is None else [outcome])
+            return True
+        ticket = self._under_way(pid, iid)
+        if ticket is not None:
+            ticket.waiters.append((ident, header.get("id")))
+            return True
+        return False
+
+    def _under_way(self, pid: int, iid: str) -> Ticket | None:
+        """The write of invocation ``iid`` to partition ``pid`` that is not durable yet."""
+        for ticket in self.in_flight.get(iid, ()):
+            if pid in ticket.written:
+                return ticket
+        return None
+
     # -- one key ---------------------------------------------------------------------------
 
     def _on_key_op(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -109,12 +213,16 @@ class MapService:
             raise ProtocolError(f"{op} takes {2 if needs_value else 1} frames")
         key = frames[0]
         store = self.store
+        slots = [(pid, ns)]
         if op == p.GET:
             value = store.get(pid, ns, key)
-            self.member.reply_ok(ident, header, [] if value is None else [value])
+            self._answer_after(ident, header, slots, [] if value is None else [value])
             return
         if op == p.CONTAINS:
-            self.member.reply_ok(ident, header, found=store.contains(pid, ns, key))
+            self._answer_after(ident, header, slots, [], found=store.contains(pid, ns, key))
+            return
+        iid = self._iid(header)
+        if self._resent(ident, header, (pid, ns), iid):
             return
         old, changed = None, True
         try:
@@ -138,14 +246,15 @@ class MapService:
                                     size=len(key) + len(frames[-1]),
                                     limit=self.config.max_value_bytes)
             return
-        reply = [p.reply_ok(header.get("id")), *([] if old is None else [old])]
-        if not changed:
-            self.member.reply(ident, reply)
+        answer = [] if old is None else [old]
+        if not changed:  # nothing to replicate, but the answer reports what it saw
+            self._answer_after(ident, header, slots, answer)
             return
-        if op in (p.REMOVE, p.DELETE):
-            self._replicate(ident, reply, ns, REMOVE_KIND, {pid: [key]})
-        else:
-            self._replicate(ident, reply, ns, PUT_KIND, {pid: [key, frames[1]]})
+        ticket = Ticket(slots, [(ident, header.get("id"))], frames=answer,
+                        outcome=old if op in RETURNS_OLD_VALUE else None)
+        kind, items = (REMOVE_KIND, [key]) if op in (p.REMOVE, p.DELETE) else \
+            (PUT_KIND, [key, frames[1]])
+        self._replicate(ticket, ns, kind, {pid: items}, iid, op in RETURNS_OLD_VALUE)
 
     # -- partitions ------------------------------------------------------------------------
 
@@ -165,16 +274,33 @@ class MapService:
         if not isinstance(counts, list) or not isinstance(pids, list) \
                 or len(counts) != len(pids) or len(frames) != 1:
             raise ProtocolError("a batch needs pids, counts of the same length and one payload")
+        if not all(isinstance(count, int) and count >= 0 for count in counts):
+            raise ProtocolError("counts must be non-negative ints")
         items = p.unpack_items(frames[0])
         if sum(counts) * per_entry != len(items):
             raise ProtocolError("batch counts do not match the payload")
         groups, at = {}, 0
         for pid, count in zip(pids, counts, strict=True):
-            if not isinstance(count, int) or count < 0:
-                raise ProtocolError("counts must be non-negative ints")
             groups[self._pid(pid)] = items[at:at + count * per_entry]
             at += count * per_entry
         return groups
+
+    def _partition_write(self, ident: bytes, header: dict[str, Any], ns: str,
+                         pids: list[int], wrong: list[int],
+                         extra_slots: tuple[str, ...] = ()) -> tuple[Ticket, list[int]]:
+        """The common start of a write to whole partitions: the ticket to answer with and
+        the partitions to apply it to now (not the ones an earlier attempt of the same
+        invocation did or is doing: the ticket waits behind those instead)."""
+        iid = self._iid(header)
+        names = [ns, *extra_slots]
+        ticket = Ticket([(pid, name) for pid in pids for name in names],
+                        [(ident, header.get("id"))], {"wrong": wrong})
+        fresh = []
+        for pid in pids:
+            if iid is None or (self.records.get(pid, iid) is NOT_RECORDED
+                               and self._under_way(pid, iid) is None):
+                fresh.append(pid)
+        return ticket, fresh
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
@@ -190,35 +316,60 @@ class MapService:
                                             f"an entry of {size} bytes", size=size, limit=limit)
                     return
         wrong = [pid for pid in groups if not self._owns(pid)]
-        applied = {}
-        for pid, items in groups.items():
-            if pid in wrong or not items:
-                continue
+        owned = [pid for pid in groups if pid not in wrong and groups[pid]]
+        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
+        for pid in fresh:
+            items = groups[pid]
             self.store.put_many(pid, ns, zip(items[0::2], items[1::2], strict=True))
-            applied[pid] = items
-        reply = [p.reply_ok(header.get("id"), wrong=wrong)]
-        self._replicate(ident, reply, ns, PUT_KIND, applied)
+        self._replicate(ticket, ns, PUT_KIND, {pid: groups[pid] for pid in fresh},
+                        self._iid(header), False)
+
+    def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        ns = self._ns(header)
+        owned, wrong = self._split_owned(header)
+        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
+        for pid in fresh:
+            self.store.clear(pid, ns)
+        self._replicate(ticket, ns, CLEAR_KIND, {pid: [] for pid in fresh},
+                        self._iid(header), False)
+
+    def _on_replace_contents(self, ident: bytes, header: dict[str, Any],
+                             frames: list[bytes]) -> None:
+        """Replace the target map's fragment of each partition with this map's (which empties):
+        the publish step of a staged overwrite. Both fragments change, so both namespaces'
+        replica versions move."""
+        ns, target = self._ns(header), header.get("target")
+        if not isinstance(target, str) or not target or target == ns:
+            raise ProtocolError("replace_contents needs a target map other than the source")
+        owned, wrong = self._split_owned(header)
+        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong, (target,))
+        for pid in fresh:
+            self.store.move_fragment(pid, ns, target)
+        self._replicate(ticket, ns, REPLACE_CONTENTS_KIND,
+                        {pid: [target.encode()] for pid in fresh}, self._iid(header), False,
+                        target)
 
     def _on_get_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         groups = self._grouped_items(header, frames, 1)
-        wrong, parts, found = [], [], 0
+        wrong, parts, found, slots = [], [], 0, []
         for pid, keys in groups.items():
             if not self._owns(pid):
                 wrong.append(pid)
                 continue
+            slots.append((pid, ns))
             for key, value in zip(keys, self.store.get_many(pid, ns, keys), strict=True):
                 if value is not None:
                     parts.append(key)
                     parts.append(value)
                     found += 1
-        self.member.reply_ok(ident, header, [b"".join(parts)], wrong=wrong, n=found * 2)
+        self._answer_after(ident, header, slots, [b"".join(parts)], wrong=wrong, n=found * 2)
 
     def _on_size(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         owned, wrong = self._split_owned(header)
-        self.member.reply_ok(ident, header, wrong=wrong,
-                             size=sum(self.store.size(pid, ns) for pid in owned))
+        self._answer_after(ident, header, [(pid, ns) for pid in owned], [], wrong=wrong,
+                           size=sum(self.store.size(pid, ns) for pid in owned))
 
     def _on_entries(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         """Every entry of the asked partitions: per partition one frame, its serialized keys
@@ -230,29 +381,10 @@ class MapService:
             data, records = self.store.concatenated(pid, ns)
             payload.append(data)
             counts.append(records * 2)  # items: a key and a value each
-        self.member.reply_ok(ident, header, payload, pids=owned, counts=counts, wrong=wrong)
+        self._answer_after(ident, header, [(pid, ns) for pid in owned], payload, pids=owned,
+                           counts=counts, wrong=wrong)
 
-    def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        ns = self._ns(header)
-        owned, wrong = self._split_owned(header)
-        for pid in owned:
-            self.store.clear(pid, ns)
-        reply = [p.reply_ok(header.get("id"), wrong=wrong)]
-        self._replicate(ident, reply, ns, CLEAR_KIND, {pid: [] for pid in owned})
-
-    def _on_move(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        """Replace the target map's fragment of each partition with this map's (which empties):
-        the publish step of a staged overwrite."""
-        ns, target = self._ns(header), header.get("target")
-        if not isinstance(target, str) or not target or target == ns:
-            raise ProtocolError("move needs a target map other than the source")
-        owned, wrong = self._split_owned(header)
-        for pid in owned:
-            self.store.move_fragment(pid, ns, target)
-        reply = [p.reply_ok(header.get("id"), wrong=wrong)]
-        self._replicate(ident, reply, ns, MOVE_KIND, {pid: [target.encode()] for pid in owned})
-
-    # -- replication -----------------------------------------------------------------------
+    # -- replication: the owner's side -----------------------------------------------------
 
     def _backup_targets(self, pid: int) -> tuple[list[str], list[str]]:
         replicas = self.member.cluster.table.replicas(pid)
@@ -261,143 +393,330 @@ class MapService:
         asynchronous = [r for r in replicas[1 + sync_count:1 + sync_count + async_count] if r]
         return sync, asynchronous
 
-    def _replicate(self, ident: bytes, reply: list[Any], ns: str, kind: str,
-                   items_by_pid: dict[int, list[bytes]]) -> None:
-        """Send one backup message per backup member; answer when the sync ones applied it."""
+    def _replicate(self, ticket: Ticket, ns: str, kind: str,
+                   items_by_pid: dict[int, list[bytes]], iid: str | None, want_old: bool,
+                   target: str | None = None) -> None:
+        """Send one backup operation per backup member (on its ordered stream, if it is a
+        synchronous one); the ticket is answered when the synchronous ones applied it."""
         total = self.config.backup_count + self.config.async_backup_count
-        per_member: dict[str, tuple[list, list, bool]] = defaultdict(lambda: ([], [], False))
+        table = self.member.cluster.table
+        per_member: dict[tuple[str, bool], tuple[list, list]] = {}
         for pid, items in items_by_pid.items():
             versions = self.versions.increment(pid, ns, total)
+            target_versions = None if target is None else \
+                list(self.versions.increment(pid, target, total))
+            part = [pid, list(versions), len(items), table.version(pid), iid, want_old,
+                    target_versions]
             sync, asynchronous = self._backup_targets(pid)
-            for uuid, is_sync in [(u, True) for u in sync] + [(u, False) for u in asynchronous]:
-                parts, payload, was_sync = per_member[uuid]
-                parts.append([pid, list(versions), len(items)])
+            ticket.written.add(pid)
+            if not sync:
+                ticket.needs_lease = True  # nobody else will hold it: we act alone
+            for uuid in sync:
+                ticket.waiting.setdefault(uuid, set()).add(pid)
+                parts, payload = per_member.setdefault((uuid, True), ([], []))
+                parts.append(part)
                 payload.extend(items)
-                per_member[uuid] = (parts, payload, was_sync or is_sync)
-        write = PendingWrite(ident, reply, set(items_by_pid))
-        for uuid, (parts, payload, is_sync) in per_member.items():
+            for uuid in asynchronous:
+                parts, payload = per_member.setdefault((uuid, False), ([], []))
+                parts.append(part)
+                payload.extend(items)
+        if iid is not None and items_by_pid:
+            ticket.iid = iid
+            self.in_flight.setdefault(iid, []).append(ticket)
+        self.order.enqueue(ticket)
+        now = self.member.now()
+        for (uuid, is_sync), (parts, payload) in per_member.items():
             fields = {"ns": ns, "kind": kind, "parts": parts}
             frames = [p.pack_items(payload)]
-            if not is_sync:
+            if is_sync:
+                op = self.streams.add(uuid, fields, frames, now)
+                self.op_tickets[(uuid, op.seq)] = ticket
+                self._send_backup(uuid, op)
+            else:  # asynchronous: nobody waits, a lost one is for replica sync to repair
                 self.member.request_peer(uuid, p.BACKUP, fields, frames, lambda h, f: None,
-                                         timeout=self.config.invocation_timeout)
-                continue
-            rid = self.member.request_peer(uuid, p.BACKUP, fields, frames, self._on_backup_ack,
-                                           timeout=self.config.invocation_timeout)
-            if rid in self.member.callbacks:  # sent (else the ack handler already ran)
-                write.waiting[rid] = uuid
-                self.pending[rid] = write
-        if not write.waiting:
-            self._finish(write)
+                                         timeout=self.config.heartbeat_timeout)
+        self._settle(ticket)
 
-    def _on_backup_ack(self, header: dict[str, Any] | None, frames: list[bytes]) -> None:
-        if header is None:
-            return  # timed out: handled by tick, which knows the request id
-        rid = header.get("id")
-        write = self.pending.pop(rid, None)
-        if write is None:
+    def _send_backup(self, uuid: str, op: OutgoingOp) -> None:
+        def on_ack(header: dict[str, Any] | None, frames: list[bytes]) -> None:
+            self._on_backup_ack(uuid, op.seq, header)
+
+        self.member.request_peer(uuid, p.BACKUP, dict(op.fields), op.frames, on_ack,
+                                 timeout=self.config.heartbeat_timeout)
+
+    def _on_backup_ack(self, uuid: str, seq: int, header: dict[str, Any] | None) -> None:
+        if header is None:  # not sent, or no answer: send the stream's backlog again soon
+            self.streams.send_failed(uuid, self.member.now())
             return
-        write.waiting.pop(rid, None)
         if not header.get("ok"):
-            write.failed = (p.WRONG_TARGET, f"backup refused: {header.get('msg')}")
-        if not write.waiting:
-            self._finish(write)
-
-    def _finish(self, write: PendingWrite) -> None:
-        for rid in write.waiting:
-            self.pending.pop(rid, None)
-        write.waiting.clear()
-        if write.failed:
-            code, msg = write.failed
-            header = p.unpack_header(write.reply[0])
-            self.member.reply(write.ident, [p.reply_error(header.get("id"), code, msg)])
-        else:
-            self.member.reply(write.ident, write.reply)
+            log.warning("backup %s answered %s: %s; sending again", uuid, header.get("code"),
+                        header.get("msg"))
+            return
+        op = self.streams.acked(uuid, seq)
+        ticket = self.op_tickets.pop((uuid, seq), None)
+        if op is None or ticket is None:
+            return
+        refused = set(header.get("refused") or ())
+        waiting = ticket.waiting.get(uuid)
+        if waiting is not None:
+            waiting.difference_update(part[0] for part in op.fields["parts"]
+                                      if part[0] not in refused)
+            if not waiting:
+                del ticket.waiting[uuid]
+        if refused:
+            # Its table disagrees with ours and is not older: ours is, and the table that
+            # tells us decides this write (a fail, or this backup no longer a replica).
+            log.info("backup %s refused partitions %s", uuid, sorted(refused)[:5])
+        self._settle(ticket)
 
     def on_table_change(self, pids: list[int]) -> None:
-        """React to a newer table: drop partitions we no longer hold, stop waiting for
-        backups that are no longer replicas, fail writes whose partition we no longer own."""
+        """React to a newer table: drop partitions we no longer hold, settle writes whose
+        backups changed, fail writes whose partition we no longer own, and take held backup
+        operations that the new table lets us judge."""
         cluster = self.member.cluster
         cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
         table = cluster.table
         held = set(self.store.partitions())
+        promoted = []
         for pid in pids:
             if pid in held and table.replica_index(pid, me) < 0:
                 self.store.drop_partition(pid)
                 self.versions.clear(pid)
+            if table.owner(pid) != me:
+                self.owned.discard(pid)
+            elif pid not in self.owned:
+                self.owned.add(pid)
+                if pid in held:
+                    promoted.append(pid)
         self._recheck_pending(set(pids))
+        self._process_held()
+        for pid in promoted:
+            self._sync_backups(pid)
 
-    def on_members_change(self) -> None:
+    def _sync_backups(self, pid: int) -> None:
+        """Send the whole partition, as this new owner holds it, to its synchronous backups;
+        answers about the partition wait until they have it."""
+        sync, _ = self._backup_targets(pid)
+        namespaces = self.store.namespaces(pid)
+        if not sync or not namespaces:
+            return
+        total = self.config.backup_count + self.config.async_backup_count
+        items: list[bytes] = []
+        vectors = {}
+        for ns in namespaces:
+            entries = list(self.store.items(pid, ns))
+            items.append(ns.encode())
+            items.append(len(entries).to_bytes(8, "big"))
+            for key, value in entries:
+                items.append(key)
+                items.append(value)
+            vectors[ns] = list(self.versions.increment(pid, ns, total))
+        ticket = Ticket([(pid, ns) for ns in namespaces], [])
+        ticket.written.add(pid)
+        ticket.waiting = {uuid: {pid} for uuid in sync}
+        part = [pid, [0] * REPLICA_VERSION_COUNT, len(items),
+                self.member.cluster.table.version(pid), None, False, None]
+        self.order.enqueue(ticket)
+        fields = {"ns": namespaces[0], "kind": SYNC_KIND, "parts": [part], "vectors": vectors}
+        frames = [p.pack_items(items)]
+        now = self.member.now()
+        for uuid in sync:
+            op = self.streams.add(uuid, fields, frames, now)
+            self.op_tickets[(uuid, op.seq)] = ticket
+            self._send_backup(uuid, op)
+        log.info("partition %d: promoted here; syncing %d namespaces to %d backups", pid,
+                 len(namespaces), len(sync))
+
+    def on_members_change(self, left: set[str]) -> None:
+        for uuid in left:
+            self.streams.drop(uuid)
+            self.inbox.forget(uuid)
+            for key in [k for k in self.op_tickets if k[0] == uuid]:
+                del self.op_tickets[key]
         self._recheck_pending(None)
 
     def _recheck_pending(self, pids: set[int] | None) -> None:
-        table, members = self.member.cluster.table, self.member.cluster.members
-        me = self.member.info.uuid
-        for write in {id(w): w for w in self.pending.values()}.values():
-            if pids is not None and not (write.pids & pids):
+        cluster = self.member.cluster
+        table, members, me = cluster.table, cluster.members, self.member.info.uuid
+        sync_count = self.config.backup_count
+        for ticket in list(self.order.pending()):
+            if ticket.failed is not None:
                 continue
-            if any(table.owner(pid) != me for pid in write.pids):
-                write.failed = (p.WRONG_TARGET, "ownership changed during the write")
-                self._finish(write)
+            ticket_pids = {slot[0] for slot in ticket.slots}
+            if pids is not None and not ticket_pids & pids:
                 continue
-            for rid, uuid in list(write.waiting.items()):
-                still_backup = any(table.replica_index(pid, uuid) > 0 for pid in write.pids)
-                if uuid not in members or not still_backup:
-                    del write.waiting[rid]
-                    self.pending.pop(rid, None)
-            if not write.waiting:
-                self._finish(write)
+            if any(table.owner(pid) != me for pid in ticket_pids):
+                ticket.fail(p.WRONG_TARGET, OWNERSHIP_CHANGED)
+                self._release(ticket.slots)
+                continue
+            for uuid, waiting in list(ticket.waiting.items()):
+                # A backup that left the partition's replicas (or the cluster) no longer
+                # decides: the write is safe on the replicas that remain.
+                waiting.intersection_update(
+                    pid for pid in waiting
+                    if uuid in members and 0 < table.replica_index(pid, uuid) <= sync_count)
+                if not waiting:
+                    del ticket.waiting[uuid]
+            if any(not self._backup_targets(pid)[0] for pid in ticket.written):
+                ticket.needs_lease = True  # a partition lost every backup: we act alone
+            self._settle(ticket)
 
     def tick(self, now: float) -> None:
-        # Backups that never answered: their callbacks expired (member._expire_callbacks).
-        expired = [rid for rid in self.pending if rid not in self.member.callbacks]
-        for rid in expired:
-            write = self.pending.pop(rid)
-            write.waiting.pop(rid, None)
-            write.failed = (p.TIMEOUT, "a backup did not acknowledge in time")
-            if not write.waiting:
-                self._finish(write)
+        for uuid, ops in self.streams.due(now):
+            for op in ops:
+                self._send_backup(uuid, op)
+        self.on_lease_renewed()
+        self.records.expire(now)
 
-    # -- the backup's side -----------------------------------------------------------------
+    def on_lease_renewed(self) -> None:
+        """Writes that wait for this member's lease (they rest on it alone) may go now."""
+        if self.lease_waiting and self.member.cluster.lease_valid():
+            waiting, self.lease_waiting = self.lease_waiting, []
+            for ticket in waiting:
+                self._settle(ticket)
+
+    def unbacked_partitions(self) -> int:
+        """Owned partitions that have no synchronous backup: writes to them rest on this
+        member alone."""
+        table, me = self.member.cluster.table, self.member.info.uuid
+        return sum(1 for pid in range(table.partition_count)
+                   if table.owner(pid) == me and not self._backup_targets(pid)[0])
+
+    # -- replication: the backup's side ----------------------------------------------------
+
+    def _parse_backup(self, header: dict[str, Any], frames: list[bytes]) -> list[list[Any]]:
+        self._ns(header)
+        kind, parts = header.get("kind"), header.get("parts")
+        if kind not in BACKUP_KINDS or not isinstance(parts, list) or len(frames) != 1:
+            raise ProtocolError("malformed backup")
+        for part in parts:
+            if not isinstance(part, list) or len(part) != 7:
+                raise ProtocolError("a backup part is [pid, versions, count, table version, "
+                                    "invocation id, want old value, target versions]")
+            self._pid(part[0])  # the vectors' entries are checked where they are applied
+            for vector in (part[1], part[6]):
+                if vector is not None and (not isinstance(vector, list)
+                                           or len(vector) != REPLICA_VERSION_COUNT):
+                    raise ProtocolError("a version vector has six entries")
+            if not isinstance(part[2], int) or part[2] < 0 or not isinstance(part[3], int):
+                raise ProtocolError("a backup part's count and table version are ints")
+            if part[4] is not None and not isinstance(part[4], str):
+                raise ProtocolError("an invocation id is a str")
+        if kind == REPLACE_CONTENTS_KIND and not all(part[6] for part in parts):
+            raise ProtocolError("replace_contents backups carry the target's versions")
+        if kind == SYNC_KIND and not isinstance(header.get("vectors"), dict):
+            raise ProtocolError("a sync carries the owner's version vector per namespace")
+        return parts
 
     def _on_backup(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        sender, ns, kind = header.get("from"), self._ns(header), header.get("kind")
-        parts = header.get("parts")
-        if kind not in (PUT_KIND, REMOVE_KIND, CLEAR_KIND, MOVE_KIND) \
-                or not isinstance(parts, list) or len(frames) != 1:
-            raise ProtocolError("malformed backup")
+        parts = self._parse_backup(header, frames)
+        sender, seq = header.get("from"), header.get("seq")
+        if not isinstance(sender, str):
+            raise ProtocolError("a backup names its sender")
+        # A sender our table does not name as owner is refused part by part (unless our
+        # table is older: then we hold its operations until we know).
+        if seq is None:  # an asynchronous backup: no stream, no answer awaited
+            self.member.reply_ok(ident, header, refused=self._apply_backup_op(header, frames))
+            return
+        if not isinstance(seq, int):
+            raise ProtocolError("a backup's seq is an int")
+        arrival, result = self.inbox.arrive(sender, seq)
+        if arrival == Arrival.DUPLICATE:
+            refused = result if result is not None else [part[0] for part in parts]
+            self.member.reply_ok(ident, header, refused=refused)
+        elif arrival == Arrival.PENDING:
+            self.inbox.replace_held(sender, seq, (ident, header, frames))
+        elif arrival == Arrival.HOLD or (arrival == Arrival.PROCESS and self._behind(parts)):
+            self.inbox.hold(sender, seq, (ident, header, frames))
+            self.member.cluster.ask_for_table()
+        elif arrival == Arrival.PROCESS:
+            refused = self._apply_backup_op(header, frames)
+            self.inbox.processed(sender, seq, refused)
+            self.member.reply_ok(ident, header, refused=refused)
+        # Arrival.GAP: dropped; the owner sends the missing one and this one again, in order.
+
+    def _behind(self, parts: list[list[Any]]) -> bool:
+        """Whether our table is older than the owner's for a partition of the operation:
+        then we cannot judge it yet."""
+        table = self.member.cluster.table
+        return any(table.version(part[0]) < part[3] for part in parts)
+
+    def _process_held(self) -> None:
+        for sender, queue in list(self.inbox.held()):
+            while queue:
+                ident, header, frames = queue[0].request
+                if self._behind(header["parts"]):
+                    break
+                seq = queue.popleft().seq
+                refused = self._apply_backup_op(header, frames)
+                self.inbox.processed(sender, seq, refused)
+                self.member.reply_ok(ident, header, refused=refused)
+
+    def _apply_backup_op(self, header: dict[str, Any], frames: list[bytes]) -> list[int]:
+        """Apply the parts whose partition our table says we back up for the sender;
+        return the partitions refused."""
+        sender, ns, kind = header["from"], header["ns"], header["kind"]
+        parts = header["parts"]
         items = p.unpack_items(frames[0])
-        table, me = self.member.cluster.table, self.member.info.uuid
-        for part in parts:
-            pid = self._pid(part[0])
-            if table.owner(pid) != sender or table.replica_index(pid, me) <= 0:
-                self.member.reply_error(ident, header, p.WRONG_TARGET,
-                                        f"this member is not a backup of {pid} under {sender}")
-                return
         if sum(part[2] for part in parts) != len(items):
             raise ProtocolError("backup counts do not match the payload")
-        at = 0
-        for pid, versions, count in parts:
+        table, me = self.member.cluster.table, self.member.info.uuid
+        now = self.member.now()
+        refused, at = [], 0
+        applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
+        for pid, versions, count, _, iid, want_old, target_versions in parts:
             chunk = items[at:at + count]
             at += count
-            # Every op from the owner our table names is applied, in the order it arrives on
-            # that owner's one ordered channel: acknowledged writes are then always here. The
-            # version vector still flags replicas that missed ops (refused or unacknowledged
-            # ones) as dirty, for replica sync to repair (seed 004).
-            decision = self.versions.apply_backup(pid, ns, table.replica_index(pid, me), versions)
-            if decision is BackupDecision.APPLY_DIRTY:
+            index = table.replica_index(pid, me)
+            if table.owner(pid) != sender or index <= 0:
+                refused.append(pid)
+                continue
+            if kind == SYNC_KIND:
+                self._apply_sync(pid, index, chunk, header["vectors"])
+                continue
+            # Every op from the owner our table names is applied, in stream order: its
+            # acknowledged writes are then always here. The version vector flags replicas
+            # that missed ops (an asynchronous loss, say) for replica sync (seed 004).
+            if self.versions.apply_backup(pid, ns, index, versions) is \
+                    BackupDecision.APPLY_DIRTY:
                 log.info("partition %d/%s missed backup versions; marked dirty", pid, ns)
-            self._apply_backup(pid, ns, kind, chunk)
-        self.member.reply_ok(ident, header)
+            if target_versions is not None:
+                self.versions.apply_backup(pid, chunk[0].decode(), index, target_versions)
+            old = self._apply_backup(pid, ns, kind, chunk)
+            if iid is not None:
+                applied.setdefault(iid, ([], old if want_old else None))[0].append(pid)
+        for iid, (pids, outcome) in applied.items():
+            self.records.record(iid, pids, outcome, now)
+        return refused
 
-    def _apply_backup(self, pid: int, ns: str, kind: str, chunk: list[bytes]) -> None:
+    def _apply_sync(self, pid: int, index: int, chunk: list[bytes],
+                    vectors: dict[str, list[int]]) -> None:
+        """Become a copy of the owner's partition: its namespaces, entries and versions."""
+        self.store.drop_partition(pid)
+        self.versions.clear(pid)
+        at = 0
+        while at < len(chunk):
+            ns, count = chunk[at].decode(), int.from_bytes(chunk[at + 1], "big")
+            pairs = chunk[at + 2:at + 2 + 2 * count]
+            at += 2 + 2 * count
+            self.store.put_many(pid, ns, zip(pairs[0::2], pairs[1::2], strict=True))
+            self.versions.set(pid, ns, vectors[ns], index)
+
+    def _apply_backup(self, pid: int, ns: str, kind: str, chunk: list[bytes]) -> bytes | None:
+        """Apply one part; for a single-key put or remove return the previous value (a
+        replica in step with its owner sees the same one the owner answered with)."""
         if kind == PUT_KIND:
+            if len(chunk) == 2:
+                return self.store.put(pid, ns, chunk[0], chunk[1])
             self.store.put_many(pid, ns, zip(chunk[0::2], chunk[1::2], strict=True))
         elif kind == REMOVE_KIND:
+            old = None
             for key in chunk:
-                self.store.remove(pid, ns, key)
+                old = self.store.remove(pid, ns, key)
+            return old
         elif kind == CLEAR_KIND:
             self.store.clear(pid, ns)
         else:
             self.store.move_fragment(pid, ns, chunk[0].decode())
+        return None

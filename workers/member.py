@@ -30,6 +30,9 @@ log = logging.getLogger("shmgrid.member")
 
 DRAIN_MAX = 512  # messages taken from one socket before the others get a turn
 TICK_S = 0.1
+# A test hook: "member-2=5,member-3=1" makes those members wait so many seconds before they
+# start (a slow start that tests can rely on). Unset in normal runs.
+START_DELAY_ENV = "SHMGRID_TEST_START_DELAY"
 
 
 class Member(Node):
@@ -93,7 +96,8 @@ class Member(Node):
     def notify_supervisor(self, op: str, **fields: Any) -> None:
         if self.supervisor is not None:
             header = p.request(op, next(self.ids), self.config.cluster_name,
-                               **{"from": self.info.uuid, **fields})
+                               **{"from": self.info.uuid,
+                                  p.SECRET_FIELD: self.config.cluster_secret, **fields})
             try:
                 self.supervisor.send_multipart([header], zmq.NOBLOCK)
             except zmq.Again:
@@ -159,7 +163,8 @@ class Member(Node):
             endpoint=self.info.endpoint, lite=self.info.lite, master=self.cluster.is_master,
             owned=owned, backups=backups, shm_bytes=self.store.shm_bytes(),
             rss=self.process.memory_info().rss, state=self.cluster.state.value,
-            safe=self.cluster.is_safe(), members_version=self.cluster.members.version,
+            safe=self.cluster.is_safe(), unbacked=self.maps.unbacked_partitions(),
+            members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name)
 
     def _on_shutdown(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -180,6 +185,8 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    if os.environ.get(START_DELAY_ENV):  # tests only: a member that is slow to start
+        time.sleep(_start_delay(os.environ[START_DELAY_ENV], name))
     member = None
     try:
         member = Member(GridConfig(**config_dict), name, join_endpoints, supervisor_endpoint,
@@ -196,3 +203,12 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
         if member is not None:
             member.close()
         raise SystemExit(1) from None
+
+
+def _start_delay(spec: str, name: str) -> float:
+    """The delay ``spec`` (``name=seconds,...``) gives member ``name``; 0 if none."""
+    for item in spec.split(","):
+        who, _, seconds = item.partition("=")
+        if who.strip() == name:
+            return float(seconds)
+    return 0.0

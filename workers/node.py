@@ -15,7 +15,7 @@ from typing import Any
 from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
-from grid.errors import GridError, ProtocolError
+from grid.errors import GridError, NotAuthorizedError, ProtocolError
 from workers.cluster_service import ClusterService
 from workers.map_service import MapService
 from workers.record_store import RecordStore
@@ -73,6 +73,7 @@ class Node:
         ``callback(None, [])`` when it has not come within ``timeout`` seconds."""
         rid = next(self.ids)
         fields["from"] = self.info.uuid
+        fields[p.SECRET_FIELD] = self.config.cluster_secret
         header = p.request(op, rid, self.config.cluster_name, **fields)
         self.callbacks[rid] = (self.now() + timeout, callback)
         if not self.send_peer(key, [header, *frames]):
@@ -116,6 +117,11 @@ class Node:
             self.reply_error(ident, header, p.WRONG_CLUSTER, "wrong cluster name",
                              expected=cluster, actual=self.config.cluster_name,
                              endpoint=self.info.endpoint)
+            return
+        if isinstance(op, str) and op in p.CONTROL_OPS and \
+                not p.has_secret(header, self.config.cluster_secret):
+            log.warning("refused %r from a sender without the cluster secret", op)
+            self.reply_error(ident, header, p.AUTH, str(NotAuthorizedError(op)), op=op)
             return
         handler = self.handlers.get(op) if isinstance(op, str) else None
         if handler is None:

@@ -12,7 +12,9 @@ Records are immutable once written while any iterator holds the segment (see ``i
 iterator sees a consistent snapshot: later puts append elsewhere, compaction writes a new
 segment, and a retired segment stays mapped until its last iterator finishes.
 
-The store is not thread-safe: the member's asyncio loop alone calls it.
+The store is not thread-safe: only the member's main thread calls it, from its poll loop
+(a ``zmq.Poller`` loop in workers/member.py, no asyncio); the persistence writer thread
+never touches it.
 """
 
 from __future__ import annotations

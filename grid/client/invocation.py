@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from grid.cluster.membership import MemberList
 from grid.errors import (
     ClusterNotRunningError,
     GridError,
+    IndeterminateOperationStateError,
     MemberLeftError,
     NotReadyError,
     OperationTimeoutError,
@@ -60,6 +62,13 @@ class Invoker:
         self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.closed = False
+        # Invocation ids of mutating calls: unique per client, the same on every resend, so
+        # that a member answers a resend with the first outcome instead of applying it twice.
+        self.client_id = uuid.uuid4().hex[:16]
+        self.invocations = itertools.count(1)
+
+    def invocation_id(self) -> str:
+        return f"{self.client_id}-{next(self.invocations)}"
 
     # -- raw requests ----------------------------------------------------------------------
 
@@ -201,11 +210,16 @@ class Invoker:
     def invoke_partitions(self, op: str, pids: Sequence[int], build: BuildRequest,
                           handle: HandleReply) -> None:
         """Run ``op`` on every partition in ``pids``: one message per owning member with
-        that member's partitions, retrying the partitions that failed retryably."""
+        that member's partitions, retrying the partitions that failed retryably. A write
+        that runs out of time after an attempt that may have been applied (no answer, or
+        the owner lost the partition while it waited for backups) raises
+        IndeterminateOperationStateError."""
         deadline = time.monotonic() + self.invocation_timeout
         todo = sorted(set(pids))
         backoff = BACKOFF_S_MIN
         last: GridError | None = None
+        maybe_applied = False
+        write = op in p.WRITE_OPS
         for _attempt in itertools.count():
             if self.table is None:
                 self.refresh()
@@ -229,6 +243,7 @@ class Invoker:
                 if reply is None:
                     retry.extend(group)
                     last = MemberLeftError(f"no reply to {op} in {timeout:.1f} s")
+                    maybe_applied = True
                     continue
                 header, frames = reply
                 if not header.get("ok"):
@@ -237,6 +252,7 @@ class Invoker:
                         raise error
                     retry.extend(group)
                     last = error
+                    maybe_applied = maybe_applied or bool(header.get("indeterminate"))
                     continue
                 wrong = set(header.get("wrong") or ())
                 handle([pid for pid in group if pid not in wrong], header, frames)
@@ -247,8 +263,10 @@ class Invoker:
                 return
             todo = sorted(retry)
             if time.monotonic() + backoff >= deadline:
-                raise OperationTimeoutError(op, self.invocation_timeout,
-                                            todo[0] if len(todo) == 1 else None, last)
+                error = IndeterminateOperationStateError if write and maybe_applied \
+                    else OperationTimeoutError
+                raise error(op, self.invocation_timeout, todo[0] if len(todo) == 1 else None,
+                            last)
             time.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_S_MAX)
             try:

@@ -68,9 +68,12 @@ class Map:
             self._check_size(key_bytes, value_bytes)
             frames.append(value_bytes)
         pid = partition_id_of(key_bytes, self._partition_count)
+        fields = {"ns": self.name, "pid": pid}
+        if op in p.WRITE_KEY_OPS:
+            fields["iid"] = self._invoker.invocation_id()
         out: list[tuple[dict, list]] = []
         self._invoker.invoke_partitions(
-            op, [pid], lambda group: ({"ns": self.name, "pid": group[0]}, frames),
+            op, [pid], lambda group: (fields, frames),
             lambda group, header, reply: out.append((header, reply)))
         return out[0]
 
@@ -81,6 +84,8 @@ class Map:
     def _all_partitions(self, op: str, extra: dict[str, Any] | None = None) -> list[dict]:
         headers: list[dict] = []
         fields = {"ns": self.name, **(extra or {})}
+        if op in p.WRITE_OPS:
+            fields["iid"] = self._invoker.invocation_id()
         self._invoker.invoke_partitions(
             op, range(self._partition_count), lambda group: ({**fields, "pids": group}, []),
             lambda group, header, reply: headers.append(header))
@@ -168,12 +173,15 @@ class Map:
             self._send_put_all(chunk)
 
     def _send_put_all(self, items_by_pid: dict[int, list[bytes]]) -> None:
+        iid = self._invoker.invocation_id()
+
         def build(group: list[int]) -> tuple[dict, list]:
             items: list[bytes] = []
             for pid in group:
                 items.extend(items_by_pid[pid])
             counts = [len(items_by_pid[pid]) // 2 for pid in group]
-            return {"ns": self.name, "pids": group, "counts": counts}, [p.pack_items(items)]
+            return {"ns": self.name, "pids": group, "counts": counts, "iid": iid}, \
+                [p.pack_items(items)]
 
         self._invoker.invoke_partitions(p.PUT_ALL, list(items_by_pid), build,
                                         lambda group, header, reply: None)
@@ -258,4 +266,4 @@ class Map:
         becomes empty), on owners and backups: the publish step of a staged overwrite."""
         if not isinstance(target, str) or not target or target == self.name:
             raise ValueError("move_to needs the name of another map")
-        self._all_partitions(p.MOVE, {"target": target})
+        self._all_partitions(p.REPLACE_CONTENTS, {"target": target})

@@ -14,6 +14,11 @@ from grid.config import registry_dir
 from grid.errors import ClusterNotRunningError
 
 DEFAULT_CLUSTER_NAME = "dev"
+REGISTRY_MODE = 0o600  # the file holds the cluster secret: its owner alone may read it
+# How far a process's start time may differ from the one recorded (psutil derives it from the
+# boot time, which moves when the wall clock is stepped); a pid the system has given to
+# another process since does not start within this of the recorded time.
+CREATE_TIME_TOLERANCE_S = 1.0
 
 
 def registry_path(cluster_name: str | None = None, directory: str = "") -> Path:
@@ -21,9 +26,10 @@ def registry_path(cluster_name: str | None = None, directory: str = "") -> Path:
 
 
 def write_registry(path: Path, data: dict[str, Any]) -> None:
-    """Atomically replace the registry file (readers never see half of it)."""
+    """Atomically replace the registry file (readers never see half of it), mode 0600."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.fchmod(fd, REGISTRY_MODE)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
@@ -54,3 +60,22 @@ def pid_alive(pid: Any) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def create_time(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), None if there is none."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def is_registered_process(entry: dict[str, Any]) -> bool:
+    """Whether the process a registry entry names (``pid``, ``create_time``) still runs and
+    is that process, not an unrelated one that was given the same pid since. An entry without
+    a start time is never taken for ours."""
+    pid, created = entry.get("pid"), entry.get("create_time")
+    if not pid_alive(pid) or not isinstance(created, int | float):
+        return False
+    started = create_time(pid)
+    return started is not None and abs(started - created) <= CREATE_TIME_TOLERANCE_S

@@ -107,10 +107,12 @@ def plan_key_tasks(
 
 
 def partitions_to_clear(partition_count: int, staged: Iterable[int]) -> list[int]:
-    """Target partitions an overwrite must empty: those the staging map holds nothing in.
+    """Target partitions no successful write task wrote to: the complement of `staged`.
 
-    `move_to` replaces only the partitions the staging map has data in, so without this the
-    old contents of the other partitions would survive an overwrite.
+    `move_to` already empties the target's partitions in which the staging map holds nothing
+    (it replaces every partition); after it, an overwrite's commit removes from these
+    partitions the rows that a failed task attempt left in the staging map and that `move_to`
+    therefore published (staging.py, step 4).
     """
     staged_set = set(staged)
     assert all(0 <= p < partition_count for p in staged_set)

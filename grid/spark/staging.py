@@ -8,10 +8,16 @@ the write tasks put their rows into a staging map named after the job, and only 
    writer may have removed it; then the staging data is gone and publishing would lose rows);
 2. take the grid partitions the write tasks put rows into (each task's commit message lists
    its partitions; only if a message is missing does commit scan the staging map for them);
-3. `staging.move_to(target)`: per partition, on the owner and its backups, the target's
-   fragment is atomically replaced by the staging fragment;
-4. empty the target partitions the staging map held nothing in: `move_to` leaves those
-   alone, and without this step their old entries would survive the overwrite;
+3. `staging.move_to(target)`: in every partition of the map, on the owner and its backups,
+   the target's fragment is atomically replaced by the staging fragment, which empties the
+   staging map. This covers the partitions the staging map holds nothing in too: there the
+   target becomes empty (the member's `move_fragment` drops the target's fragment whether or
+   not the source has one), so no old entry survives the overwrite;
+4. remove, in the target partitions no successful task wrote to (those not in step 2's list),
+   whatever step 3 published there: only rows a failed task attempt left in the staging map
+   can be there (with deterministic input a retry puts the same keys, which lie in partitions
+   its own message lists). When step 2 scanned the staging map, these partitions are exactly
+   the ones it held nothing in, and step 4 finds them already empty;
 5. remove the job's registry entry.
 
 `abort()` (and a later writer's sweep of jobs older than `staging.ttl`, for jobs whose driver
@@ -21,8 +27,8 @@ same Spark partition puts the same keys again (an idempotent upsert), and a fail
 staging map is cleared as a whole.
 
 Readers of the target see, during commit, each partition switch from old to new contents
-atomically, but not all partitions at the same instant; between steps 3 and 4 the partitions
-of step 4 still show their old entries.
+(empty where nothing was staged) atomically, but not all partitions at the same instant;
+between steps 3 and 4 a partition of step 4 may show a failed attempt's rows.
 """
 
 from __future__ import annotations
@@ -129,9 +135,9 @@ def commit_overwrite(
 ) -> dict[str, int]:
     """Publish the staging map as the target's new contents (steps 1 to 5 above).
 
-    `staged` are the partitions the tasks wrote to (None: find them by scanning). A partition
-    only a failed attempt wrote to is not in it, so step 4 also removes such an attempt's rows
-    there.
+    `staged` are the partitions the tasks wrote to (None: find them by scanning). `move_to`
+    replaces every partition of the target, so the partitions outside `staged` hold nothing
+    after it except rows a failed attempt staged there; step 4 removes those.
     """
     registry = client.get_map(STAGING_REGISTRY_MAP)
     if registry.get(staging_name) is None:

@@ -2,11 +2,19 @@
 
 Every node is a ``workers.node.Node``, the very ClusterService and MapService a member process
 runs, with the transport replaced: messages are events on one heap, delivered after a seeded
-random delay, in order per channel (as one ZeroMQ connection keeps them). Faults are a killed
-node (its messages vanish; the simulated supervisor tells the others, as the real one does) and
-a hung node (it stops taking messages and timers until the master removes it and the supervisor
-fences it). Clients write through the same protocol and remember what was acknowledged, so the
-end state can be checked against it. A seed replays a run exactly.
+random delay, in order per channel (as one ZeroMQ connection keeps them) but reordered across
+channels; every link has a delay of its own and can be made slow for a while. Faults are a
+killed node (its messages vanish; the simulated supervisor tells the others, as the real one
+does), a hung node (it stops taking messages and timers, for a set time or until the master
+removes it and the supervisor fences it), sends that fail, and client requests delivered twice.
+Clients write through the same protocol and remember what was acknowledged.
+
+Invariants are checked after every step (``SimNetwork.check_step``): views never go back on a
+node, a member-list version means one list everywhere, and when an owner answers a write, the
+owner and every synchronous backup its table names hold the value. Clients check what each
+answer says (a put returns the previous acknowledged value) and readers that no value they saw
+is followed by an older one. The end state is checked against what was acknowledged. A seed
+replays a run exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +30,12 @@ from grid import protocol as p
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
 from grid.partition.table import PartitionTable
-from grid.serialization import partition_id_of, serialize_key, serialize_value
+from grid.serialization import (
+    deserialize_value,
+    partition_id_of,
+    serialize_key,
+    serialize_value,
+)
 from workers.node import Node
 
 TICK_S = 0.1
@@ -30,7 +43,8 @@ SUPERVISOR = b"supervisor"
 
 
 class SimNetwork:
-    def __init__(self, seed: int, config: GridConfig) -> None:
+    def __init__(self, seed: int, config: GridConfig, send_failure_rate: float = 0.0,
+                 duplicate_rate: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.config = config
         self.time = 0.0
@@ -38,9 +52,17 @@ class SimNetwork:
         self.seq = itertools.count()
         self.nodes: dict[str, SimNode] = {}  # by endpoint
         self.channel_clock: dict[tuple[Any, Any], float] = {}
+        self.link_delay: dict[tuple[Any, Any], float] = {}  # each link's own base delay
+        self.slow_links: dict[tuple[Any, Any], tuple[float, float]] = {}  # until, extra delay
+        self.failing_links: set[tuple[Any, Any]] = set()  # every send on them fails
+        self.send_failure_rate = send_failure_rate
+        self.duplicate_rate = duplicate_rate
         self.clients: dict[bytes, SimClient] = {}
         self.log: list[str] = []
+        self.violations: list[str] = []
         self.fencing = True  # False: the supervisor is down, nobody kills removed members
+        self.views: dict[str, tuple[int, tuple[int, ...]]] = {}  # node -> members v, table vs
+        self.pending_writes: dict[tuple[bytes, int], tuple[str, int]] = {}  # (client, rid)
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -52,11 +74,25 @@ class SimNetwork:
             when, _, action = heapq.heappop(self.events)
             self.time = when
             action()
+            self.check_step()
         self.time = end
 
-    def delay(self) -> float:
+    def delay(self, channel: tuple[Any, Any]) -> float:
         # Mostly fast, sometimes slow: enough spread to reorder messages across channels.
-        return self.rng.expovariate(1 / 0.002) + (0.05 if self.rng.random() < 0.02 else 0.0)
+        base = self.link_delay.get(channel)
+        if base is None:
+            base = self.link_delay[channel] = self.rng.uniform(0.0, 0.004)
+        extra = 0.0
+        slow = self.slow_links.get(channel)
+        if slow is not None and self.time < slow[0]:
+            extra = slow[1] * self.rng.uniform(0.5, 1.0)
+        return base + self.rng.expovariate(1 / 0.002) + extra + \
+            (0.05 if self.rng.random() < 0.02 else 0.0)
+
+    def slow_link(self, source: Any, target: Any, seconds: float, extra: float) -> None:
+        self.slow_links[(source, target)] = (self.time + seconds, extra)
+        self.log.append(f"{self.time:.3f} slow link {source!r}->{target!r} "
+                        f"+{extra:.2f}s for {seconds:.2f}s")
 
     def send(self, source: Any, target: Any, deliver: Callable[[], None],
              sender: SimNode | None = None) -> None:
@@ -64,7 +100,7 @@ class SimNetwork:
         What a node had sent but not yet delivered when it was killed is lost or not, at
         random (a killed process loses what it had not yet written to the socket)."""
         channel = (source, target)
-        when = max(self.time + self.delay(), self.channel_clock.get(channel, 0.0))
+        when = max(self.time + self.delay(channel), self.channel_clock.get(channel, 0.0))
         self.channel_clock[channel] = when
 
         def arrive() -> None:
@@ -73,6 +109,53 @@ class SimNetwork:
             deliver()
 
         self.at(when, arrive)
+
+    # -- invariants, after every step ------------------------------------------------------
+
+    def check_step(self) -> None:
+        changed = False
+        for node in self.nodes.values():
+            members, table = node.cluster.members, node.cluster.table
+            last = self.views.get(node.name)
+            versions = table.versions()
+            if last is not None and last[0] == members.version and last[1] == versions:
+                continue
+            changed = True
+            if last is not None:
+                if members.version < last[0]:
+                    self.violation(f"{node.name}: member list version went back "
+                                   f"{last[0]} -> {members.version}")
+                if any(new < old for new, old in zip(versions, last[1], strict=True)):
+                    self.violation(f"{node.name}: a partition version went back")
+            self.views[node.name] = (members.version, versions)
+        if changed:
+            # Among the members that run (zombies included), a version means one list: two
+            # masters may never each publish a list of their own under one number.
+            lists: dict[int, tuple[str, ...]] = {}
+            for node in self.alive():
+                members = node.cluster.members
+                if members.version and \
+                        lists.setdefault(members.version, tuple(members.uuids)) != \
+                        tuple(members.uuids):
+                    self.violation(f"member list version {members.version} means two lists")
+
+    def violation(self, text: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(f"{self.time:.3f} {text}")
+
+    def check_acked_write(self, owner: SimNode, key: str, value: int) -> None:
+        """An owner answers a write: it and every synchronous backup its table names hold it."""
+        key_bytes, want = serialize_key(key), serialize_value(value)
+        table = owner.cluster.table
+        pid = partition_id_of(key_bytes, table.partition_count)
+        for index, uuid_ in enumerate(table.replicas(pid)[:1 + self.config.backup_count]):
+            node = self.by_uuid(uuid_) if uuid_ else None
+            if node is None:
+                continue
+            got = node.store.get(pid, "m", key_bytes)
+            if got != want:
+                self.violation(f"{owner.name} acked {key}={value} but replica {index} "
+                               f"({node.name}) holds {got!r}")
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -83,8 +166,14 @@ class SimNetwork:
         self.at(self.time + TICK_S, node.timer)
         return node
 
+    def by_uuid(self, member_uuid: str) -> SimNode | None:
+        return next((n for n in self.nodes.values() if n.info.uuid == member_uuid), None)
+
     def alive(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.alive]
+
+    def master(self) -> SimNode:
+        return next(n for n in self.alive() if n.cluster.is_master and not n.paused)
 
     def kill(self, node: SimNode, why: str) -> None:
         if not node.alive:
@@ -94,15 +183,21 @@ class SimNetwork:
         for other in self.alive():  # the supervisor sees the death at once
             self.send(SUPERVISOR, other.info.endpoint, lambda o=other: o.deliver(
                 SUPERVISOR, p.request(p.MEMBER_DIED, 0, self.config.cluster_name,
-                                      uuid=node.info.uuid), []))
+                                      uuid=node.info.uuid, k=self.config.cluster_secret), []))
 
-    def hang(self, node: SimNode) -> None:
+    def hang(self, node: SimNode, seconds: float | None = None) -> None:
+        """Stop ``node`` taking messages and timers; for ``seconds``, or until fenced."""
         node.paused = True
-        self.log.append(f"{self.time:.3f} hang {node.name}")
+        self.log.append(f"{self.time:.3f} hang {node.name}"
+                        + (f" for {seconds:.2f}s" if seconds else ""))
+        if seconds is not None:
+            self.at(self.time + seconds, lambda: self.resume(node))
 
     def resume(self, node: SimNode) -> None:
         """The hung node runs again: its timers fire first (the worst order, which a real
         process may well see), then it takes what it was sent meanwhile, in order."""
+        if not node.alive or not node.paused:
+            return
         node.paused = False
         self.log.append(f"{self.time:.3f} resume {node.name}")
         node.tick(self.time)
@@ -113,9 +208,9 @@ class SimNetwork:
     def fence(self, member_uuid: str) -> None:
         if not self.fencing:
             return
-        for node in self.nodes.values():
-            if node.info.uuid == member_uuid:
-                self.kill(node, "fenced")
+        node = self.by_uuid(member_uuid)
+        if node is not None:
+            self.kill(node, "fenced")
 
     def close(self) -> None:
         for node in self.nodes.values():
@@ -148,8 +243,11 @@ class SimNode(Node):
         endpoint = self.peers.get(key)
         if endpoint is None:
             return False
-        target = self.net.nodes.get(endpoint)
         me = self.info.uuid.encode()
+        if (me, endpoint) in self.net.failing_links or \
+                self.net.rng.random() < self.net.send_failure_rate:
+            return False  # did not leave: the caller must not take it for delivered
+        target = self.net.nodes.get(endpoint)
         if target is not None:
             self.net.send(me, endpoint, lambda: target.deliver(me, frames[0], frames[1:]),
                           sender=self)
@@ -163,6 +261,10 @@ class SimNode(Node):
         frames = [bytes(f) for f in frames]
         client = self.net.clients.get(ident)
         if client is not None:
+            header = p.unpack_header(frames[0])
+            write = self.net.pending_writes.get((ident, header.get("id")))
+            if write is not None and header.get("ok"):
+                self.net.check_acked_write(self, *write)
             self.net.send(self.info.endpoint, ident, lambda: client.on_reply(frames),
                           sender=self)
             if self.kill_after_reply:
@@ -208,9 +310,12 @@ class SimNode(Node):
 
 
 class SimClient:
-    """Writes keys of its own one after another; remembers each acknowledged value. With
-    ``key_count`` it rewrites that many keys over and over (a lost update shows as an older
-    value), without it every write has a key of its own (a lost write shows as a hole)."""
+    """Puts keys of its own one after another, resending a write with the same invocation id
+    until it is acknowledged or its invocation timeout passed (then, as the real client, it
+    gives up: the write is indeterminate); remembers each acknowledged value and checks that
+    every put returns the previous one (or an indeterminate one since). With ``key_count`` it
+    rewrites that many keys over and over (a lost update shows as an older value), without it
+    every write has a key of its own (a lost write shows as a hole)."""
 
     def __init__(self, net: SimNetwork, name: str, ns: str = "m",
                  key_count: int | None = None) -> None:
@@ -232,15 +337,18 @@ class SimClient:
         net.clients[self.ident] = self
 
     def request(self, endpoint: str, op: str, fields: dict, frames: list[bytes],
-                callback: Callable[[dict | None, list[bytes]], None], timeout: float) -> None:
+                callback: Callable[[dict | None, list[bytes]], None], timeout: float) -> int:
         rid = next(self.ids)
         self.waiting[rid] = callback
         head = p.request(op, rid, self.net.config.cluster_name, **fields)
         target = self.net.nodes.get(endpoint)
         if target is not None:
-            self.net.send(self.ident, endpoint,
-                          lambda: target.deliver(self.ident, head, list(frames)))
+            copies = 2 if self.net.rng.random() < self.net.duplicate_rate else 1
+            for _ in range(copies):  # the network may deliver a request twice
+                self.net.send(self.ident, endpoint,
+                              lambda: target.deliver(self.ident, head, list(frames)))
         self.net.at(self.net.time + timeout, lambda: self._expire(rid, endpoint))
+        return rid
 
     def _expire(self, rid: int, endpoint: str) -> None:
         callback = self.waiting.pop(rid, None)
@@ -282,30 +390,85 @@ class SimClient:
         self.counter += 1
         index = self.counter if self.key_count is None else self.counter % self.key_count
         key = f"{self.ident.decode()}-{index}"
-        self.attempt(key, self.counter)
+        self.attempt(key, self.counter, f"{self.ident.decode()}:{self.counter}",
+                     self.net.time + self.net.config.invocation_timeout)
 
-    def attempt(self, key: str, value: int) -> None:
+    def owner_of(self, key: str) -> tuple[int, MemberInfo | None]:
+        pid = partition_id_of(serialize_key(key), self.table.partition_count)
+        return pid, self.members.get(self.table.owner(pid) or "")
+
+    def attempt(self, key: str, value: int, iid: str, deadline: float) -> None:
         if self.stopped:
             return
-        key_bytes = serialize_key(key)
-        pid = partition_id_of(key_bytes, self.table.partition_count)
-        owner = self.members.get(self.table.owner(pid) or "")
-        if owner is None:
-            self.refresh(lambda: self.attempt(key, value))
+        if self.net.time > deadline:  # indeterminate: it stays in unsure
+            self.write_next()
             return
-
+        pid, owner = self.owner_of(key)
+        if owner is None:
+            self.refresh(lambda: self.attempt(key, value, iid, deadline))
+            return
         self.unsure.setdefault(key, set()).add(value)
+        previous = self.acked.get(key)
 
         def on_ack(header: dict | None, frames: list[bytes]) -> None:
+            self.net.pending_writes.pop((self.ident, rid), None)
             if header and header.get("ok"):
+                got = frames[0] if frames else None
+                allowed = {None if previous is None else serialize_value(previous)} | \
+                    {serialize_value(v) for v in self.unsure.get(key, ()) if v != value}
+                if got not in allowed:
+                    self.net.violation(f"put {key}={value} returned {got!r}, not the previous "
+                                       f"value {previous}")
                 self.acked[key] = value
                 self.unsure[key] = set()
                 self.write_next()
             else:
-                self.refresh(lambda: self.attempt(key, value))
+                self.refresh(lambda: self.attempt(key, value, iid, deadline))
 
-        self.request(owner.endpoint, p.SET, {"ns": self.ns, "pid": pid},
-                     [key_bytes, serialize_value(value)], on_ack, timeout=1.0)
+        rid = self.request(owner.endpoint, p.PUT, {"ns": self.ns, "pid": pid, "iid": iid},
+                           [serialize_key(key), serialize_value(value)], on_ack, timeout=1.0)
+        self.net.pending_writes[(self.ident, rid)] = (key, value)
+
+
+class SimReader(SimClient):
+    """Reads the keys of a writer over and over; a value it saw must never be followed by an
+    older one (nobody may read a write that is later lost)."""
+
+    def __init__(self, net: SimNetwork, name: str, writer: SimClient) -> None:
+        super().__init__(net, name)
+        self.writer = writer
+        self.seen: dict[str, int] = {}
+
+    def write_next(self) -> None:  # a reader reads instead
+        if self.stopped:
+            return
+        # Mostly the key the writer is writing now: a read of a write not yet durable is
+        # what must never happen.
+        count = self.writer.key_count or 1
+        index = self.writer.counter % count if self.net.rng.random() < 0.7 else \
+            self.net.rng.randrange(count)
+        self.read(f"{self.writer.ident.decode()}-{index}")
+
+    def read(self, key: str) -> None:
+        pid, owner = self.owner_of(key)
+        if owner is None:
+            self.refresh(self.write_next)
+            return
+
+        def on_value(header: dict | None, frames: list[bytes]) -> None:
+            if header and header.get("ok") and frames:
+                value = deserialize_value(frames[0])
+                if value < self.seen.get(key, 0):
+                    self.net.violation(f"{self.ident.decode()} read {key}={value} after "
+                                       f"{self.seen[key]}")
+                self.seen[key] = max(value, self.seen.get(key, 0))
+            if header and header.get("ok"):
+                self.net.at(self.net.time + 0.005, self.write_next)
+            else:
+                self.refresh(self.write_next)
+
+        self.request(owner.endpoint, p.GET, {"ns": self.ns, "pid": pid},
+                     [serialize_key(key)], on_value, timeout=1.0)
 
 
 def check_converged(net: SimNetwork) -> list[str]:

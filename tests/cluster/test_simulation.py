@@ -8,46 +8,81 @@ import pytest
 
 from grid import protocol as p
 from grid.config import GridConfig
-from tests.cluster.sim import SimClient, SimNetwork, check_converged, lost_writes
+from tests.cluster.sim import (
+    SimClient,
+    SimNetwork,
+    SimReader,
+    check_converged,
+    lost_writes,
+)
 from tests.conftest import test_cluster_name
 
 FAULTS = ["kill", "kill-master", "hang", "hang-master", "kill-two", "hang-resume",
-          "hang-resume-master"]
+          "hang-resume-master", "hang-near-timeout", "hang-near-timeout-master",
+          "slow-master-link", "flaky-kill", "flaky-kill-master"]
+TIMEOUT_S = 2.0
+
+
+def form_cluster(seed: int, backup_count: int = 1, nodes: int = 4,
+                 send_failure_rate: float = 0.0, duplicate_rate: float = 0.0) -> SimNetwork:
+    config = GridConfig(cluster_name=test_cluster_name(f"sim{seed}x"), partition_count=31,
+                        backup_count=backup_count, heartbeat_interval=0.2,
+                        heartbeat_timeout=TIMEOUT_S, invocation_timeout=5.0,
+                        cluster_secret="sim-secret")
+    net = SimNetwork(seed, config, send_failure_rate, duplicate_rate)
+    first = net.add_node([])
+    for _ in range(nodes - 1):
+        net.add_node([first.info.endpoint])
+    net.run_until(1.0)
+    while len(first.cluster.members) < nodes:  # as the supervisor: form once all joined
+        assert net.time < 10, "every member joined"
+        net.run_until(net.time + 0.1)
+    net.send(b"supervisor", first.info.endpoint, lambda: first.deliver(
+        b"supervisor", p.request(p.FORM, 0, config.cluster_name, k=config.cluster_secret), []))
+    net.run_until(net.time + 0.5)
+    assert first.cluster.table.is_assigned(), "the cluster formed"
+    return net
 
 
 def run_scenario(seed: int, fault: str) -> SimNetwork:
     backup_count = 2 if fault == "kill-two" or fault.startswith("hang-resume") else 1
-    config = GridConfig(cluster_name=test_cluster_name(f"sim{seed}x"), partition_count=31,
-                        backup_count=backup_count, heartbeat_interval=0.2,
-                        heartbeat_timeout=2.0, invocation_timeout=5.0)
-    net = SimNetwork(seed, config)
-    first = net.add_node([])
-    for _ in range(3):
-        net.add_node([first.info.endpoint])
-    net.run_until(1.0)
-    net.send(b"supervisor", first.info.endpoint, lambda: first.deliver(
-        b"supervisor", p.request(p.FORM, 0, config.cluster_name), []))
-    net.run_until(1.5)
-    assert first.cluster.table.is_assigned(), "the cluster formed"
+    net = form_cluster(seed, backup_count,
+                       send_failure_rate=0.05 if fault.startswith("flaky") else 0.002,
+                       duplicate_rate=0.02)
     if fault.startswith("hang-resume"):  # lost updates are what a returning member risks
         clients = [SimClient(net, f"c{i}", key_count=3) for i in range(4)]
     else:
         clients = [SimClient(net, "c0"), SimClient(net, "c1"), SimClient(net, "c2", key_count=5)]
+        # A removed member that was not fenced may serve stale reads (hang-resume): readers
+        # are for the faults where every removed member is fenced.
+        clients.append(SimReader(net, "r0", clients[2]))
     for client in clients:
         client.start()
     net.run_until(net.time + net.rng.uniform(0.5, 2.0))
     net.acked_before_fault = {c.ident: c.counter for c in clients}  # counter: writes started
-    alive = net.alive()
-    master = next(n for n in alive if n.cluster.is_master)
-    others = [n for n in alive if n is not master]
-    if fault == "kill":
+    master = net.master()
+    others = [n for n in net.alive() if n is not master]
+    if fault in ("kill", "flaky-kill"):
         net.rng.choice(others).kill_after_reply = True
-    elif fault == "kill-master":
+    elif fault in ("kill-master", "flaky-kill-master"):
         master.kill_after_reply = True
     elif fault == "hang":
         net.hang(net.rng.choice(others))
     elif fault == "hang-master":
         net.hang(master)
+    elif fault.startswith("hang-near-timeout"):
+        # About the heartbeat timeout: some members time the victim out, some do not.
+        victim = master if fault.endswith("master") else net.rng.choice(others)
+        net.hang(victim, net.rng.uniform(0.8, 1.2) * TIMEOUT_S)
+    elif fault == "slow-master-link":
+        # The master's messages to a follower that is not next in line come too late for a
+        # while: it stops hearing the master, which still hears it. It must follow the
+        # master's next change (a member dies) or be removed; never sit between.
+        follower = net.rng.choice(others[1:])
+        net.slow_link(master.info.uuid.encode(), follower.info.endpoint,
+                      seconds=3.0, extra=net.rng.uniform(1.0, 1.6) * TIMEOUT_S)
+        net.run_until(net.time + 4.0 + 2 * TIMEOUT_S)
+        net.kill(next(n for n in others if n is not follower), "chaos, after the slow link")
     elif fault.startswith("hang-resume"):
         # The supervisor is down: the removed member is not fenced and comes back. Clients
         # stop just after, so that a stale write it let through would be the last one seen.
@@ -70,20 +105,28 @@ def run_scenario(seed: int, fault: str) -> SimNetwork:
     return net
 
 
+def expected_members(fault: str) -> set[int]:
+    if fault == "kill-two":
+        return {2}
+    if fault.startswith("hang-near-timeout"):
+        return {3, 4}  # removed and fenced, or kept: both are right
+    return {3}
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("seed", range(6))
 def test_failover_keeps_every_acknowledged_write(seed, fault):
     net = run_scenario(seed, fault)
     try:
-        clients = list(net.clients.values())
-        assert sum(len(c.acked) for c in clients) > 0
+        writers = [c for c in net.clients.values() if not isinstance(c, SimReader)]
+        assert sum(len(c.acked) for c in writers) > 0
+        assert net.violations == [], net.log
         assert check_converged(net) == [], net.log
-        assert lost_writes(net, clients) == [], net.log
-        expected_members = 2 if fault == "kill-two" else 3
-        assert len(net.alive()) == expected_members, net.log
+        assert lost_writes(net, writers) == [], net.log
+        assert len(net.alive()) in expected_members(fault), net.log
         # A member that came back after its removal learned of it and stopped.
         # Writes went on through the failover: every client had writes acknowledged after it.
-        progress = [c.counter - net.acked_before_fault[c.ident] for c in clients]
+        progress = [c.counter - net.acked_before_fault[c.ident] for c in writers]
         assert all(n > 1 for n in progress), progress
     finally:
         net.close()
@@ -91,7 +134,7 @@ def test_failover_keeps_every_acknowledged_write(seed, fault):
 
 @pytest.mark.soak
 @pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("seed", range(6, 206))
+@pytest.mark.parametrize("seed", range(6, 173))
 def test_failover_soak(seed, fault):
     test_failover_keeps_every_acknowledged_write(seed, fault)
 

@@ -5,30 +5,13 @@ import signal
 
 import msgpack
 import pytest
-import zmq
 
 from grid import errors
 from grid import protocol as p
 from grid.client.registry import pid_alive
+from tests.integration.raw_client import send_raw
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _raw(endpoint: str, messages: list[list[bytes]], wait_ms: int = 300) -> list[dict]:
-    """Send raw messages to a member; return the headers of whatever it answered."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    replies = []
-    try:
-        for frames in messages:
-            sock.send_multipart(frames)
-        while sock.poll(wait_ms):
-            replies.append(msgpack.unpackb(sock.recv_multipart()[0]))
-    finally:
-        ctx.destroy(linger=0)
-    return replies
 
 
 def _header(**fields) -> bytes:
@@ -56,7 +39,7 @@ GARBAGE = [
     [_header(op="member_died", id=15)],
     [_header(op="entries", id=16, ns="m", pids=[-1])],
     [_header(op="set_state", id=17, state="DANCING")],
-    [_header(op="move", id=18, ns="m", target=5, pids=[0])],
+    [_header(op="replace_contents", id=18, ns="m", target=5, pids=[0])],
     [_header(op="get", id=19, c="other-cluster", ns="m", pid=0), b"k"],
 ]
 
@@ -64,11 +47,11 @@ GARBAGE = [
 def test_member_survives_garbage(grid_cluster):
     members = grid_cluster.registry["members"]
     for member in members:
-        replies = _raw(member["endpoint"], GARBAGE)
+        replies = send_raw(member["endpoint"], GARBAGE)
         assert replies, "malformed requests with an id get an error reply"
         assert all(r.get("ok") is False for r in replies), replies
         assert {r.get("code") for r in replies} <= {p.PROTOCOL, p.WRONG_CLUSTER,
-                                                    p.WRONG_TARGET, p.NOT_READY}
+                                                    p.WRONG_TARGET, p.NOT_READY, p.AUTH}
     assert all(pid_alive(m["pid"]) for m in members)
     with grid_cluster.connect() as client:
         m = client.get_map("after-garbage")
@@ -81,7 +64,7 @@ def test_oversized_message_drops_the_sender_not_the_member(cluster_factory, monk
     monkeypatch.setenv("SHMGRID_MAX_MESSAGE_BYTES", str(1 << 20))
     cluster = cluster_factory(members=1, backup_count=0)
     member = cluster.registry["members"][0]
-    replies = _raw(member["endpoint"], [[_header(op="get", id=1, ns="m", pid=0),
+    replies = send_raw(member["endpoint"], [[_header(op="get", id=1, ns="m", pid=0),
                                          b"x" * (2 << 20)]], wait_ms=500)
     assert replies == []
     assert pid_alive(member["pid"])
@@ -92,12 +75,13 @@ def test_oversized_message_drops_the_sender_not_the_member(cluster_factory, monk
 
 def test_passive_cluster_refuses_writes_but_serves_reads(grid_cluster):
     master = grid_cluster.registry["members"][0]["endpoint"]
+    secret = grid_cluster.registry["config"]["cluster_secret"]  # as the supervisor sends it
     with grid_cluster.connect() as client:
         m = client.get_map("passive")
         m.put("k", 1)
         try:
-            [ok] = _raw(master, [[p.request(p.SET_STATE, 1, grid_cluster.cluster_name,
-                                            state="PASSIVE")]])
+            [ok] = send_raw(master, [[p.request(p.SET_STATE, 1, grid_cluster.cluster_name,
+                                            state="PASSIVE", k=secret)]])
             assert ok["ok"]
             client.cluster.refresh()
             for _ in range(50):  # the publish reaches the owner within a moment
@@ -110,8 +94,8 @@ def test_passive_cluster_refuses_writes_but_serves_reads(grid_cluster):
                 pytest.fail("writes were not refused in PASSIVE")
             assert m.get("k") in (1, 2)
         finally:
-            _raw(master, [[p.request(p.SET_STATE, 2, grid_cluster.cluster_name,
-                                     state="ACTIVE")]])
+            send_raw(master, [[p.request(p.SET_STATE, 2, grid_cluster.cluster_name,
+                                     state="ACTIVE", k=secret)]])
         for _ in range(50):
             try:
                 m.put("k", 3)
@@ -159,7 +143,7 @@ def test_put_all_with_an_oversized_entry_applies_nothing(cluster_factory, monkey
     member = cluster.registry["members"][0]
     ok_key, big_key = msgpack.packb("fits"), msgpack.packb("too big")
     items = [ok_key, msgpack.packb("v"), big_key, msgpack.packb("x" * 2000)]
-    [reply] = _raw(member["endpoint"], [[
+    [reply] = send_raw(member["endpoint"], [[
         p.request(p.PUT_ALL, 1, cluster.cluster_name, ns="m", pids=[3, 4], counts=[1, 1]),
         p.pack_items(items)]])
     assert reply["ok"] is False and reply["code"] == p.TOO_LARGE

@@ -112,14 +112,14 @@ class FakeMap:
             yield keys, values
 
     def move_to(self, target: str) -> None:
-        """Replace target's fragment by ours in every partition we hold a fragment in."""
+        """Like the member (REPLACE_CONTENTS, `RecordStore.move_fragment`): in every partition
+        the target's fragment is replaced by ours, so the target ends up with exactly our
+        entries (empty where we have none) and we end up empty."""
+        if not isinstance(target, str) or not target or target == self.name:
+            raise ValueError("move_to needs the name of another map")
         self._grid.calls.append(("move_to", self.name))
-        mine = self._fragments()
-        theirs = self._grid.maps.setdefault(target, {})
-        for partition, fragment in mine.items():
-            if fragment:
-                theirs[partition] = dict(fragment)
-        self._grid.maps[self.name] = {}
+        mine = self._grid.maps.pop(self.name, {})
+        self._grid.maps[target] = {p: fragment for p, fragment in mine.items() if fragment}
 
     def items(self) -> dict:
         return {

@@ -85,3 +85,26 @@ def test_overwrite_commit_and_abort_on_the_real_grid(grid_cluster, client, map_n
         [aborted.staging_name, committed.staging_name]
     )
     assert registry == {}
+
+
+@pytest.mark.parametrize("grid", ["member", "fake"])
+def test_move_to_empties_the_target_where_the_source_has_nothing(request, grid, map_name) -> None:
+    """The fake grid's move_to behaves like the member's: every partition of the target is
+    replaced, including those the source holds nothing in (they become empty)."""
+    if grid == "member":
+        client = request.getfixturevalue("client")
+    else:
+        client = request.getfixturevalue("fake_grid").client()
+    target, stage = client.get_map(map_name), client.get_map(map_name + "-stage")
+    old = {f"old{i}": i for i in range(300)}
+    target.put_all(old)
+    new = {"a": 1, "b": 2}
+    stage.put_all(new)
+    staged = {client.partition_id(key) for key in new}
+    assert any(client.partition_id(key) not in staged for key in old)
+    stage.move_to(map_name)
+    assert stage.size() == 0
+    rows = {}
+    for keys, values in target.scan_partitions(range(client.partition_count)):
+        rows.update(zip(keys, values, strict=True))
+    assert rows == new

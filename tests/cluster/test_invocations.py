@@ -1,0 +1,228 @@
+"""Invocation records (grid/cluster/invocations.py): what a recent mutating call returned, so
+that a resend is answered as the first attempt was."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
+
+
+def test_unknown_invocation_is_not_recorded():
+    records = InvocationRecords(keep_s=10.0)
+    assert records.get(0, "nobody") is NOT_RECORDED
+    assert len(records) == 0
+
+
+def test_recorded_outcome_is_returned_for_each_of_its_partitions():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [3, 5], b"old", now=0.0)
+    assert records.get(3, "i1") == b"old"
+    assert records.get(5, "i1") == b"old"
+    assert len(records) == 1, "one record per invocation, not per partition"
+
+
+def test_partition_not_in_the_record_is_not_recorded():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [3], b"old", now=0.0)
+    assert records.get(4, "i1") is NOT_RECORDED
+
+
+def test_a_none_outcome_is_recorded_and_distinct_from_not_recorded():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [0], None, now=0.0)
+    assert records.get(0, "i1") is None
+    assert records.get(0, "i1") is not NOT_RECORDED
+
+
+def test_record_with_no_partitions_answers_nothing():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [], b"x", now=0.0)
+    assert records.get(0, "i1") is NOT_RECORDED
+
+
+def test_record_accepts_any_iterable_of_partitions():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", (p for p in (1, 2)), "o", now=0.0)
+    records.record("i2", {7}, "o2", now=0.0)
+    assert records.get(2, "i1") == "o"
+    assert records.get(7, "i2") == "o2"
+
+
+def test_recording_again_adds_partitions_and_keeps_the_first_outcome():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [1], b"first", now=0.0)
+    records.record("i1", [2, 1], b"second", now=1.0)
+    assert records.get(1, "i1") == b"first"
+    assert records.get(2, "i1") == b"first"
+    assert len(records) == 1
+
+
+def test_recording_again_keeps_the_first_outcome_even_when_it_was_none():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [1], None, now=0.0)
+    records.record("i1", [1], b"resend saw its own value", now=1.0)
+    assert records.get(1, "i1") is None
+
+
+def test_the_callers_partition_collection_is_not_kept():
+    records = InvocationRecords(keep_s=10.0)
+    pids = {1}
+    records.record("i1", pids, "o", now=0.0)
+    pids.add(2)
+    assert records.get(2, "i1") is NOT_RECORDED
+
+
+# -- age -------------------------------------------------------------------------------------
+
+
+def test_expire_keeps_a_record_exactly_keep_s_old():
+    # expire drops records with `recorded_at < now - keep_s`: exactly keep_s old stays.
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [0], "o", now=100.0)
+    records.expire(now=110.0)
+    assert records.get(0, "i1") == "o"
+    assert len(records) == 1
+
+
+def test_expire_forgets_a_record_just_older_than_keep_s():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [0], "o", now=100.0)
+    records.expire(now=110.25)
+    assert records.get(0, "i1") is NOT_RECORDED
+    assert len(records) == 0
+
+
+def test_expire_forgets_only_the_old_records():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("old", [0], "a", now=0.0)
+    records.record("mid", [0], "b", now=5.0)
+    records.record("new", [0], "c", now=9.0)
+    records.expire(now=16.0)
+    assert records.get(0, "old") is NOT_RECORDED
+    assert records.get(0, "mid") is NOT_RECORDED
+    assert records.get(0, "new") == "c"
+    assert len(records) == 1
+
+
+def test_a_later_record_of_the_same_invocation_does_not_extend_its_life():
+    """The record's age is that of its first recording (a client resends within its invocation
+    timeout of the first send)."""
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [0], "o", now=0.0)
+    records.record("i1", [1], "o", now=9.0)
+    records.expire(now=10.5)
+    assert records.get(1, "i1") is NOT_RECORDED
+
+
+def test_an_expired_invocation_can_be_recorded_anew():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [0], "first", now=0.0)
+    records.expire(now=20.0)
+    records.record("i1", [1], "second", now=20.0)
+    assert records.get(0, "i1") is NOT_RECORDED
+    assert records.get(1, "i1") == "second"
+    records.expire(now=30.0)
+    assert records.get(1, "i1") == "second"
+    records.expire(now=30.5)
+    assert len(records) == 0
+
+
+def test_expire_on_empty_records_is_harmless():
+    records = InvocationRecords(keep_s=1.0)
+    records.expire(now=1e9)
+    assert len(records) == 0
+
+
+# -- count -----------------------------------------------------------------------------------
+
+
+def test_max_records_evicts_the_oldest():
+    records = InvocationRecords(keep_s=100.0, max_records=3)
+    for i in range(5):
+        records.record(f"i{i}", [0], i, now=float(i))
+    assert len(records) == 3
+    assert records.get(0, "i0") is NOT_RECORDED
+    assert records.get(0, "i1") is NOT_RECORDED
+    assert [records.get(0, f"i{i}") for i in (2, 3, 4)] == [2, 3, 4]
+
+
+def test_adding_partitions_to_a_record_does_not_count_against_max_records():
+    records = InvocationRecords(keep_s=100.0, max_records=2)
+    records.record("a", [0], "a", now=0.0)
+    records.record("b", [0], "b", now=1.0)
+    for pid in range(1, 5):
+        records.record("a", [pid], "ignored", now=2.0)
+    assert len(records) == 2
+    assert records.get(4, "a") == "a"
+    assert records.get(0, "b") == "b"
+
+
+def test_max_records_of_one_keeps_only_the_newest():
+    records = InvocationRecords(keep_s=100.0, max_records=1)
+    records.record("a", [0], "a", now=0.0)
+    records.record("b", [0], "b", now=1.0)
+    assert records.get(0, "a") is NOT_RECORDED
+    assert records.get(0, "b") == "b"
+    assert len(records) == 1
+
+
+@pytest.mark.parametrize(("keep_s", "max_records"), [
+    (0, 10), (-1.0, 10), (10.0, 0), (10.0, -5), (0.0, 0),
+])
+def test_constructor_rejects_non_positive_bounds(keep_s, max_records):
+    with pytest.raises(ValueError):
+        InvocationRecords(keep_s=keep_s, max_records=max_records)
+
+
+def test_constructor_accepts_small_positive_bounds():
+    records = InvocationRecords(keep_s=1e-9, max_records=1)
+    assert records.keep_s == 1e-9
+    assert records.max_records == 1
+
+
+# -- a model ---------------------------------------------------------------------------------
+
+_op = st.one_of(
+    st.tuples(st.just("record"), st.sampled_from("abcdef"),
+              st.frozensets(st.integers(0, 4), max_size=3), st.integers(0, 99),
+              st.integers(0, 3)),
+    st.tuples(st.just("expire"), st.integers(0, 3)),
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(ops=st.lists(_op, max_size=40), keep_s=st.integers(1, 6),
+       max_records=st.integers(1, 5))
+def test_records_match_a_simple_model(ops, keep_s, max_records):
+    """Against a dictionary model, with time moving forward by whole seconds."""
+    records = InvocationRecords(keep_s=float(keep_s), max_records=max_records)
+    model: dict[str, tuple[set[int], int, int]] = {}  # iid -> (pids, outcome, recorded at)
+    now = 0
+    for op in ops:
+        if op[0] == "record":
+            _, iid, pids, outcome, advance = op
+            now += advance
+            records.record(iid, pids, outcome, now=float(now))
+            if iid in model:
+                model[iid][0].update(pids)
+            else:
+                model[iid] = (set(pids), outcome, now)
+                while len(model) > max_records:
+                    oldest = min(model, key=lambda k: model[k][2])
+                    # Ties in time are broken by insertion order, which dict order keeps.
+                    del model[oldest]
+        else:
+            now += op[1]
+            records.expire(now=float(now))
+            for iid in [k for k, v in model.items() if v[2] < now - keep_s]:
+                del model[iid]
+        assert len(records) == len(model)
+        for iid in "abcdef":
+            for pid in range(5):
+                if iid in model and pid in model[iid][0]:
+                    assert records.get(pid, iid) == model[iid][1]
+                else:
+                    assert records.get(pid, iid) is NOT_RECORDED

@@ -1,0 +1,80 @@
+"""The simulation has teeth: each test breaks one guarantee of the write path on purpose and
+shows that the simulated runs catch it within a few seeds. If one of these starts passing
+without a catch, the simulation has lost the power to see that bug."""
+
+from __future__ import annotations
+
+import pytest
+
+from grid.cluster.reply_order import ReplyOrder, Ticket
+from tests.cluster import test_simulation, test_write_path
+from workers.cluster_service import ClusterService
+from workers.map_service import MapService
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def caught(faults: list[str], seeds: range) -> str | None:
+    """The first (seed, fault) whose run fails, or None."""
+    for seed in seeds:
+        for fault in faults:
+            try:
+                test_simulation.test_failover_keeps_every_acknowledged_write(seed, fault)
+            except AssertionError:
+                return f"seed {seed}, {fault}"
+    return None
+
+
+def test_an_owner_that_answers_before_its_backups_is_caught(monkeypatch):
+    monkeypatch.setattr(Ticket, "ready", property(lambda self: True))
+    assert caught(["kill", "flaky-kill"], range(6))
+
+
+def test_a_failed_send_taken_for_an_ack_is_caught(monkeypatch):
+    original = MapService._on_backup_ack
+
+    def ack_on_failure(self, uuid, seq, header):
+        original(self, uuid, seq, header if header is not None else {"ok": True})
+
+    monkeypatch.setattr(MapService, "_on_backup_ack", ack_on_failure)
+    assert caught(["flaky-kill", "flaky-kill-master"], range(12))
+
+
+def test_a_resend_applied_twice_is_caught(monkeypatch):
+    monkeypatch.setattr(MapService, "_resent", lambda self, *args: False)
+    assert caught(["kill", "hang"], range(6))
+
+
+def test_reads_of_writes_not_yet_durable_are_caught(monkeypatch):
+    monkeypatch.setattr(ReplyOrder, "busy", lambda self, slots: False)
+    assert caught(["kill", "kill-master", "flaky-kill"], range(20))
+
+
+def test_a_follower_that_gives_up_on_a_live_master_is_caught(monkeypatch):
+    def give_up(self, now):  # the old rule: a silent master is dead, whoever we are
+        master = self.members.master
+        if master and master.uuid != self.me and \
+                now - self.master_heard > self.config.heartbeat_timeout:
+            self.master_heard = now
+            self.member_gone(master.uuid, "heartbeat timeout")
+
+    monkeypatch.setattr(ClusterService, "_follower_checks", give_up)
+    assert caught(["slow-master-link"], range(6))
+
+
+def test_a_new_owner_that_does_not_sync_its_backups_is_caught(monkeypatch):
+    monkeypatch.setattr(MapService, "_sync_backups", lambda self, pid: None)
+    assert caught(["hang-resume-master", "hang-resume", "kill-two"], range(12))
+
+
+def test_a_backup_that_judges_by_an_old_table_is_caught(monkeypatch, make_cluster):
+    monkeypatch.setattr(MapService, "_behind", lambda self, parts: False)
+    with pytest.raises(AssertionError):
+        test_write_path.test_a_write_the_backup_cannot_take_yet_waits_and_nobody_reads_it_before(
+            make_cluster)
+
+
+def test_an_owner_that_acts_alone_without_a_lease_is_caught(monkeypatch, make_cluster):
+    monkeypatch.setattr(ClusterService, "lease_valid", lambda self: True)
+    with pytest.raises(AssertionError):
+        test_write_path.test_a_removed_owner_without_backups_acknowledges_nothing(make_cluster)

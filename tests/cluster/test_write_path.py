@@ -1,0 +1,230 @@
+"""The write path's guarantees, each driven to its edge on the simulated network (issue 8):
+a failed backup send is sent again, never taken for an acknowledgement; a follower that stops
+hearing the master follows it again; a write a backup cannot take yet waits, and nobody reads
+it before it is durable; a resent write returns its first outcome; a removed owner with no
+backup acknowledges nothing; replacing a map's contents moves both maps' replica versions."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from grid import protocol as p
+from grid.serialization import partition_id_of, serialize_key, serialize_value
+from tests.cluster.sim import SimNetwork, SimNode, check_converged
+from tests.cluster.test_simulation import TIMEOUT_S
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Probe:
+    """A client that sends one request at a time by hand and keeps every reply."""
+
+    def __init__(self, net: SimNetwork, name: str = "probe") -> None:
+        self.net = net
+        self.ident = name.encode()
+        self.ids = itertools.count(1)
+        self.replies: dict[int, list[tuple[dict[str, Any], list[bytes]]]] = {}
+        net.clients[self.ident] = self
+
+    def send(self, node: SimNode, op: str, frames: list[bytes], **fields: Any) -> int:
+        rid = next(self.ids)
+        self.replies[rid] = []
+        head = p.request(op, rid, self.net.config.cluster_name, **fields)
+        self.net.send(self.ident, node.info.endpoint,
+                      lambda: node.deliver(self.ident, head, list(frames)))
+        return rid
+
+    def on_reply(self, frames: list[bytes]) -> None:
+        header = p.unpack_header(frames[0])
+        self.replies.setdefault(header["id"], []).append((header, frames[1:]))
+
+    def answer(self, rid: int) -> tuple[dict[str, Any], list[bytes]] | None:
+        replies = self.replies.get(rid)
+        return replies[0] if replies else None
+
+    def value(self, rid: int) -> bytes | None:
+        header, frames = self.answer(rid)
+        assert header["ok"], header
+        return frames[0] if frames else None
+
+
+def key_where(net: SimNetwork, accept) -> tuple[str, int]:
+    """A key whose partition's replicas (in the master's table) satisfy ``accept``."""
+    table = net.master().cluster.table
+    for i in range(10_000):
+        key = f"k{i}"
+        pid = partition_id_of(serialize_key(key), table.partition_count)
+        if accept(table.replicas(pid)):
+            return key, pid
+    raise AssertionError("no such key")
+
+
+def node_of(net: SimNetwork, uuid: str) -> SimNode:
+    node = net.by_uuid(uuid)
+    assert node is not None
+    return node
+
+
+def owner_of(net: SimNetwork, pid: int) -> SimNode:
+    return node_of(net, net.master().cluster.table.owner(pid))
+
+
+def test_a_backup_send_that_fails_is_sent_again_never_taken_for_an_ack(make_cluster):
+    net = make_cluster(seed=11, backup_count=1, nodes=3)
+    key, pid = key_where(net, lambda r: r[1] is not None)
+    owner, backup = owner_of(net, pid), node_of(net, net.master().cluster.table.replicas(pid)[1])
+    probe = Probe(net)
+    net.failing_links.add((owner.info.uuid.encode(), backup.info.endpoint))
+    rid = probe.send(owner, p.PUT, [serialize_key(key), serialize_value(1)], ns="m", pid=pid,
+                     iid="w1")
+    net.run_until(net.time + 0.5)
+    assert probe.answer(rid) is None, "acknowledged while the backup never got the write"
+    net.failing_links.clear()
+    net.run_until(net.time + 2.0)  # the owner sends it again
+    assert probe.answer(rid) is not None and probe.answer(rid)[0]["ok"]
+    assert backup.store.get(pid, "m", serialize_key(key)) == serialize_value(1)
+    net.kill(owner, "test")
+    net.run_until(net.time + 3 * TIMEOUT_S)
+    assert owner_of(net, pid) is backup
+    assert backup.store.get(pid, "m", serialize_key(key)) == serialize_value(1)
+
+
+def test_a_follower_that_stopped_hearing_the_master_follows_its_next_change(make_cluster):
+    net = make_cluster(seed=12, backup_count=1, nodes=4)
+    master = net.master()
+    follower = node_of(net, master.cluster.members.uuids[2])  # not next in line
+    net.slow_link(master.info.uuid.encode(), follower.info.endpoint, seconds=3.0,
+                  extra=1.5 * TIMEOUT_S)
+    net.run_until(net.time + 3.0 + 3 * TIMEOUT_S)
+    other = node_of(net, master.cluster.members.uuids[3])
+    net.kill(other, "test: the master's next change")
+    net.run_until(net.time + 4 * TIMEOUT_S)
+    assert follower.alive, net.log
+    assert check_converged(net) == [], net.log
+    assert follower.info.uuid in master.cluster.members
+    assert net.violations == []
+
+
+def test_a_write_the_backup_cannot_take_yet_waits_and_nobody_reads_it_before(make_cluster):
+    """A promotion: the new owner writes to a backup that has not heard of it yet. The
+    backup must hold the write until its table catches up (not refuse it while the owner
+    keeps and serves it); a read meanwhile waits, and the value survives the new owner."""
+    net = make_cluster(seed=13, backup_count=2, nodes=4)
+    master = net.master()
+    # The master is no replica: its publish to the late backup and the new owner's backup
+    # operations travel on different links.
+    key, pid = key_where(net, lambda r: master.info.uuid not in r and r[2])
+    table = master.cluster.table
+    first_owner = owner_of(net, pid)
+    new_owner, late = node_of(net, table.replicas(pid)[1]), node_of(net, table.replicas(pid)[2])
+    net.slow_link(master.info.uuid.encode(), late.info.endpoint, seconds=1.0, extra=0.8)
+    net.kill(first_owner, "test")
+    while master.cluster.table.owner(pid) != new_owner.info.uuid:
+        net.run_until(net.time + 0.01)
+    net.run_until(net.time + 0.05)  # the new owner has its table; the late backup has not
+    assert late.cluster.table.owner(pid) == first_owner.info.uuid
+    probe = Probe(net)
+    write = probe.send(new_owner, p.PUT, [serialize_key(key), serialize_value(7)], ns="m",
+                       pid=pid, iid="w7")
+    net.run_until(net.time + 0.1)
+    read = probe.send(new_owner, p.GET, [serialize_key(key)], ns="m", pid=pid)
+    net.run_until(net.time + 0.1)
+    assert probe.answer(write) is None, "answered before the late backup applied it"
+    assert probe.answer(read) is None, "a read saw a write that is not durable yet"
+    net.run_until(net.time + 2.0)
+    answer = probe.answer(write)
+    assert answer is not None and answer[0]["ok"], answer
+    assert probe.value(read) == serialize_value(7)
+    assert late.store.get(pid, "m", serialize_key(key)) == serialize_value(7)
+    net.kill(new_owner, "test")
+    net.run_until(net.time + 3 * TIMEOUT_S)
+    again = probe.send(owner_of(net, pid), p.GET, [serialize_key(key)], ns="m", pid=pid)
+    net.run_until(net.time + 0.5)
+    assert probe.value(again) == serialize_value(7)
+    assert net.violations == []
+
+
+def test_a_resent_write_returns_its_first_outcome_also_from_a_new_owner(make_cluster):
+    net = make_cluster(seed=14, backup_count=1, nodes=3)
+    key, pid = key_where(net, lambda r: r[1] is not None)
+    owner, probe = owner_of(net, pid), Probe(net)
+    k = serialize_key(key)
+
+    def call(node: SimNode, op: str, iid: str, *value: int) -> bytes | None:
+        rid = probe.send(node, op, [k, *map(serialize_value, value)], ns="m", pid=pid, iid=iid)
+        net.run_until(net.time + 0.2)
+        return probe.value(rid)
+
+    assert call(owner, p.PUT, "a", 1) is None
+    assert call(owner, p.PUT, "b", 2) == serialize_value(1)
+    assert call(owner, p.PUT, "b", 2) == serialize_value(1), "a resent put returned itself"
+    assert call(owner, p.REMOVE, "c") == serialize_value(2)
+    assert call(owner, p.REMOVE, "c") == serialize_value(2), "a resent remove found nothing"
+    assert call(owner, p.PUT_IF_ABSENT, "d", 3) is None
+    assert call(owner, p.PUT_IF_ABSENT, "d", 3) is None, "a resent put_if_absent: not stored"
+    net.kill(owner, "test")
+    net.run_until(net.time + 0.5)  # the supervisor tells at once; records last 5 s here
+    new_owner = owner_of(net, pid)
+    assert new_owner is not owner
+    assert call(new_owner, p.PUT, "b", 2) == serialize_value(1)
+    assert call(new_owner, p.PUT_IF_ABSENT, "d", 3) is None
+    assert new_owner.store.get(pid, "m", k) == serialize_value(3)
+
+
+def test_a_removed_owner_without_backups_acknowledges_nothing(make_cluster):
+    net = make_cluster(seed=15, backup_count=0, nodes=3)
+    net.fencing = False  # the supervisor is down: the removed owner comes back
+    master = net.master()
+    key, pid = key_where(net, lambda r: r[0] != master.info.uuid)
+    owner, probe = owner_of(net, pid), Probe(net)
+    alive = probe.send(owner, p.PUT, [serialize_key(key), serialize_value(1)], ns="m",
+                       pid=pid, iid="before")
+    net.run_until(net.time + 0.2)
+    assert probe.answer(alive)[0]["ok"], "a member within its lease writes without backups"
+    net.hang(owner)
+    net.run_until(net.time + 2 * TIMEOUT_S)
+    assert owner.info.uuid not in master.cluster.members
+    net.resume(owner)
+    zombie = probe.send(owner, p.PUT, [serialize_key(key), serialize_value(2)], ns="m",
+                        pid=pid, iid="after")
+    net.run_until(net.time + 2 * TIMEOUT_S)
+    answer = probe.answer(zombie)
+    assert answer is None or not answer[0]["ok"], "a removed owner acknowledged a write"
+    assert not owner.alive, "the removed owner learned of its removal and stopped"
+
+
+def test_replace_contents_moves_the_replica_versions_of_both_maps(make_cluster):
+    net = make_cluster(seed=16, backup_count=1, nodes=3)
+    key, pid = key_where(net, lambda r: r[1] is not None)
+    table = net.master().cluster.table
+    owner, backup = owner_of(net, pid), node_of(net, table.replicas(pid)[1])
+    probe = Probe(net)
+    probe.send(owner, p.PUT, [serialize_key(key), serialize_value(1)], ns="stage", pid=pid,
+               iid="s1")
+    net.run_until(net.time + 0.2)
+    rid = probe.send(owner, p.REPLACE_CONTENTS, [], ns="stage", target="live", pids=[pid],
+                     iid="r1")
+    net.run_until(net.time + 0.2)
+    assert probe.answer(rid)[0]["ok"]
+    for node in (owner, backup):
+        assert node.store.get(pid, "live", serialize_key(key)) == serialize_value(1)
+    assert owner.maps.versions.get(pid, "live")[0] == 1
+    assert backup.maps.versions.get(pid, "live")[0] == 1
+    assert backup.maps.versions.get(pid, "stage")[0] == 2
+
+
+def test_a_batch_write_naming_no_partition_of_the_member_is_answered_at_once(make_cluster):
+    """A client with an old table sends a clear to a member that owns none of its
+    partitions: it is told at once which partitions to send elsewhere."""
+    net = make_cluster(seed=17, backup_count=1, nodes=3)
+    _, pid = key_where(net, lambda r: True)
+    other = next(n for n in net.alive() if n is not owner_of(net, pid))
+    probe = Probe(net)
+    rid = probe.send(other, p.CLEAR, [], ns="m", pids=[pid], iid="c1")
+    empty = probe.send(owner_of(net, pid), p.CLEAR, [], ns="m", pids=[], iid="c2")
+    net.run_until(net.time + 0.1)
+    assert probe.answer(rid)[0]["wrong"] == [pid]
+    assert probe.answer(empty)[0]["ok"]

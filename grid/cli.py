@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from grid.config import SECRET_ENV, GridConfig
 from grid.errors import ClusterNotRunningError, GridError
 
 DETACH_WAIT_S = 60.0
+WAIT_POLL_S = 0.2
 STOP_WAIT_S = 20.0
 
 
@@ -189,30 +191,50 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What every member reports of itself, and the cluster summary the master's row gives
+    (state, safety, migrations); raises GridError if the cluster does not answer."""
     import grid
 
-    try:
-        with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
-            rows = []
-            for member in client.cluster.members:
-                status = client.cluster.member_status(member)
-                if status:
-                    rows.append(status)
-                else:
-                    rows.append({"name": member.name, "uuid": member.uuid, "pid": member.pid,
-                                 "endpoint": member.endpoint, "unreachable": True})
-    except GridError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
+        rows = []
+        for member in client.cluster.members:
+            status = client.cluster.member_status(member)
+            if status:
+                rows.append(status)
+            else:
+                rows.append({"name": member.name, "uuid": member.uuid, "pid": member.pid,
+                             "endpoint": member.endpoint, "unreachable": True})
+        cluster_name = client.cluster_name
     master = next((r for r in rows if r.get("master")), rows[0] if rows else {})
-    summary = {"cluster": client.cluster_name, "state": master.get("state", "UNKNOWN"),
+    summary = {"cluster": cluster_name, "state": master.get("state", "UNKNOWN"),
                "safe": bool(master.get("safe")),
                # Owned partitions with no synchronous backup: their writes rest on one member.
-               "unbacked": sum(r.get("unbacked") or 0 for r in rows), "members": [
+               "unbacked": sum(r.get("unbacked") or 0 for r in rows),
+               "migrations": master.get("migrations") or {}, "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
                                           "owned", "backups", "unbacked", "shm_bytes", "rss",
                                           "unreachable") if k in r} for r in rows]}
+    return summary, rows
+
+
+def _migration_line(migrations: dict[str, Any]) -> str:
+    if not migrations:
+        return ""
+    if migrations.get("active"):
+        return (f"migrations: {migrations['running']} in flight, {migrations['remaining']} to "
+                f"go of {migrations['planned']} planned ({migrations['failed']} failed, "
+                f"planned again)")
+    return (f"migrations: none in flight; the last plan completed {migrations['completed']} "
+            f"of {migrations['planned']}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        summary, rows = _cluster_summary(args)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
@@ -231,6 +253,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                       str(r.get("owned", "")), str(r.get("backups", "")),
                       _mib(r.get("shm_bytes")), _mib(r.get("rss")))
     Console().print(table)
+    if _migration_line(summary["migrations"]):
+        print(_migration_line(summary["migrations"]))
     if not summary["safe"]:
         print("not safe: some partitions lack their configured backups or are migrating")
     if summary["unbacked"]:
@@ -239,30 +263,110 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_wait_safe(args: argparse.Namespace) -> int:
+    """Until the cluster is safe (every partition has its backups, nothing migrates)."""
+    from rich.progress import Progress
+
+    deadline = time.monotonic() + args.timeout
+    summary: dict[str, Any] = {}
+    with Progress(disable=args.json or not sys.stderr.isatty(),
+                  console=_stderr_console()) as progress:
+        task = progress.add_task("waiting for the cluster to be safe", total=None)
+        while time.monotonic() < deadline:
+            try:
+                summary, _ = _cluster_summary(args)
+            except GridError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            migrations = summary["migrations"]
+            if migrations.get("active"):
+                progress.update(task, total=migrations["planned"],
+                                completed=migrations["completed"],
+                                description=f"migrations ({migrations['running']} in flight)")
+            if summary["safe"]:
+                break
+            time.sleep(WAIT_POLL_S)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    if not summary.get("safe"):
+        print(f"error: the cluster is not safe after {args.timeout:g} s; "
+              f"{_migration_line(summary.get('migrations') or {}) or 'no migrations running'}"
+              f"; see `shmgrid status`", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"cluster {summary['cluster']!r} is safe")
+    return 0
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 def _mib(n: Any) -> str:
     return f"{n / 2**20:.1f} MiB" if isinstance(n, int) else ""
 
 
-def cmd_kill(args: argparse.Namespace) -> int:
+def _running_member(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The registry entry of the member ``args.member`` names (name or uuid prefix) if its
+    process still runs; otherwise print why not and return None."""
     try:
         _, data = _registry(args)
     except ClusterNotRunningError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return None
     matches = [m for m in data["members"]
                if m["name"] == args.member or m["uuid"].startswith(args.member)]
     if len(matches) != 1:
         names = ", ".join(m["name"] for m in data["members"])
         print(f"error: no single member matches {args.member!r} (members: {names})",
               file=sys.stderr)
-        return 1
-    sig = getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}")
+        return None
     if not is_registered_process(matches[0]):  # its pid may belong to another process now
         print(f"error: {matches[0]['name']} (pid {matches[0]['pid']}) is no longer running",
               file=sys.stderr)
+        return None
+    return matches[0]
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    member = _running_member(args)
+    if member is None:
         return 1
-    os.kill(matches[0]["pid"], sig)
-    print(f"sent {sig.name} to {matches[0]['name']} (pid {matches[0]['pid']})")
+    sig = getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}")
+    os.kill(member["pid"], sig)
+    print(f"sent {sig.name} to {member['name']} (pid {member['pid']})")
+    return 0
+
+
+def cmd_stop_member(args: argparse.Namespace) -> int:
+    """A graceful leave: SIGTERM makes the member ask the master to move its replicas away;
+    the master removes it once they have, and it exits."""
+    from rich.progress import Progress
+
+    member = _running_member(args)
+    if member is None:
+        return 1
+    os.kill(member["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    with Progress(disable=not sys.stderr.isatty(), console=_stderr_console()) as progress:
+        task = progress.add_task(f"moving {member['name']}'s replicas away", total=None)
+        while is_registered_process(member):
+            if time.monotonic() >= deadline:
+                print(f"error: {member['name']} has not left after {args.timeout:g} s; see "
+                      f"`shmgrid status` (it leaves anyway after graceful_shutdown_max_wait)",
+                      file=sys.stderr)
+                return 1
+            with contextlib.suppress(GridError):
+                _, rows = _cluster_summary(args)
+                mine = next((r for r in rows if r.get("uuid") == member["uuid"]), None)
+                if mine and "owned" in mine:
+                    progress.update(task, description=(
+                        f"moving {member['name']}'s replicas away: {mine['owned']} owned, "
+                        f"{mine['backups']} backups left"))
+            time.sleep(WAIT_POLL_S)
+    print(f"{member['name']} left the cluster gracefully")
     return 0
 
 
@@ -280,7 +384,8 @@ def cmd_add_member(args: argparse.Namespace) -> int:
     m = reply["member"]
     print(f"added {m['name']} (pid {m['pid']}) at {m['endpoint']}"
           + (" as a lite member" if m.get("lite") else ""))
-    print("it holds no partitions until migrations rebalance the cluster")
+    if not m.get("lite"):
+        print("migrations now give it its share; `shmgrid wait-safe` waits for them")
     return 0
 
 
@@ -330,6 +435,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("member", help="member name (member-1) or uuid prefix")
     sp.add_argument("--signal", default="KILL", help="KILL (default), STOP, CONT, TERM")
     sp.set_defaults(func=cmd_kill)
+
+    sp = sub.add_parser("stop-member", help="stop a member gracefully: its replicas move first",
+                        description="Send SIGTERM to a member: it asks the master to migrate "
+                        "its replicas to the other members, the master removes it once they "
+                        "have, and it exits. No acknowledged write is lost and no partition "
+                        "runs short of replicas because of the leave.")
+    common(sp)
+    sp.add_argument("member", help="member name (member-1) or uuid prefix")
+    sp.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds to wait for it to leave (default 300)")
+    sp.set_defaults(func=cmd_stop_member)
+
+    sp = sub.add_parser("wait-safe", help="wait until every backup exists and nothing migrates",
+                        description="Wait, with a progress bar of the migrations, until the "
+                        "cluster is safe; exit 1 on timeout.")
+    common(sp)
+    sp.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds to wait (default 120)")
+    sp.add_argument("--json", action="store_true", help="print the final status as JSON")
+    sp.set_defaults(func=cmd_wait_safe)
 
     sp = sub.add_parser("add-member", help="start one more member process")
     common(sp)

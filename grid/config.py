@@ -28,6 +28,12 @@ class GridConfig:
     backup_count: int = 1
     async_backup_count: int = 0
     max_parallel_migrations: int = 10
+    # Seconds a migration may take (transfer, then commit) before the master fails it.
+    migration_timeout: float = 300.0
+    # Seconds the master waits between the end of one migration plan and the next.
+    partition_migration_interval: float = 0.0
+    # Seconds a gracefully leaving member waits for its replicas to move before it goes.
+    graceful_shutdown_max_wait: float = 600.0
     migration_fragments_enabled: bool = True
     migration_stale_read_disabled: bool = False
     backup_sync_interval: float = 30.0

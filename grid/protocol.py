@@ -30,6 +30,10 @@ TABLE, STATUS, PING = "table", "status", "ping"
 # Member ↔ member.
 JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
     "join", "publish", "heartbeat", "backup", "fetch_state")
+# Migrations: master → data sender, data sender → destination, master → destination.
+MIGRATE, FRAGMENT, COMMIT = "migrate", "fragment", "commit"
+# A member (or the CLI for it) asks the master to move its replicas away and remove it.
+LEAVE = "leave"
 # Supervisor → member.
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
@@ -37,7 +41,8 @@ FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
 # Only the supervisor and the members may send these (to a member; the supervisor's own
 # commands likewise): the header must carry the cluster secret in SECRET_FIELD.
 CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
-                         JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE})
+                         JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE,
+                         MIGRATE, FRAGMENT, COMMIT, LEAVE})
 SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER})
 SECRET_FIELD = "k"
 

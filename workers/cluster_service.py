@@ -13,6 +13,14 @@ from typing import TYPE_CHECKING, Any
 from grid import protocol as p
 from grid.cluster.lease import MembershipLease
 from grid.cluster.membership import MemberInfo, MemberList
+from grid.cluster.migrations import (
+    Command,
+    Commit,
+    MigrationDriver,
+    NewTable,
+    Transfer,
+    migration_to_wire,
+)
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
 from grid.cluster.state import ClusterState
 from grid.partition.table import PartitionTable, PartitionTableError
@@ -24,6 +32,7 @@ log = logging.getLogger("shmgrid.cluster")
 
 JOIN_RETRY_S = 0.5
 JOIN_TIMEOUT_S = 30.0
+MIGRATION_RETRY_S = 1.0  # pause before planning again after a failed migration
 
 
 class ClusterService:
@@ -68,6 +77,14 @@ class ClusterService:
         self.recovery_refused: set[str] = set()  # they still follow the master we gave up on
         self.recovery_tables: list[PartitionTable] = []
         self.recovery_versions: list[int] = []
+        self.recovery_active: list[list[int]] = []  # [pid, initial, increment] unresolved
+        # Master: the migrations that make the table what the data members should hold.
+        self.driver = self._new_driver()
+        self.plan_wanted = False  # something changed that may call for migrations
+        self.leaving: set[str] = set()  # master: members whose replicas move away first
+        self.leave_started: float | None = None  # this member asked to leave, when
+        self.next_leave_request = 0.0
+        self.next_plan = 0.0
         self.next_fetch = 0.0
 
     def handlers(self) -> dict[str, Any]:
@@ -80,6 +97,7 @@ class ClusterService:
             p.FORM: self._on_form,
             p.TABLE: self._on_table,
             p.SET_STATE: self._on_set_state,
+            p.LEAVE: self._on_leave,
         }
 
     # -- views -----------------------------------------------------------------------------
@@ -92,7 +110,8 @@ class ClusterService:
 
     def is_safe(self) -> bool:
         return self.joined and is_cluster_safe(self.table, self.members.data_members,
-                                               self.config.backup_count)
+                                               self.config.backup_count,
+                                               migrating=self.driver.active)
 
     def lease_valid(self) -> bool:
         """Whether nobody can have removed this member yet (grid/cluster/lease.py): what an
@@ -118,6 +137,16 @@ class ClusterService:
         self.next_table_ask = now + self.config.heartbeat_interval
         self._heartbeat_to(master.uuid)
 
+    def migration_status(self) -> dict[str, Any]:
+        """The master's migrations: whether a plan runs, and what the latest plan did."""
+        stats = self.driver.stats
+        return {"active": self.driver.active, "planned": stats.planned,
+                "completed": stats.completed, "failed": stats.failed,
+                "running": len(self.driver.running),
+                "remaining": max(0, stats.planned - stats.completed) if self.driver.active
+                else 0,
+                "leaving": len(self.leaving)}
+
     def replica_counts(self) -> tuple[int, int]:
         counts = self.table.replica_counts(self.me)
         return counts[0], sum(counts[1:])
@@ -129,6 +158,8 @@ class ClusterService:
     # -- start and join --------------------------------------------------------------------
 
     def start(self) -> None:
+        # A master may itself send or receive a migration: it talks to itself like to a peer.
+        self.member.connect_peer(self.me, self.member.info.endpoint)
         now = self.member.now()
         if not self.join_endpoints:
             self.members = MemberList(1, (self.member.info,))
@@ -178,6 +209,9 @@ class ClusterService:
                                         op="join", state=self.state.value)
                 return
             self._change_view(self.members.with_member(info), self.table)
+            self._run_commands(self.driver.members_changed(self.table, set(),
+                                                           self.member.now()))
+            self.plan_wanted = True
             log.info("member %s joined (%d members)", info.name, len(self.members))
         self.member.reply_ok(ident, header, **self.view_fields())
 
@@ -215,7 +249,16 @@ class ClusterService:
         if left:
             self.member.maps.on_members_change(left)
         if changed:
+            self.member.migrations.on_table_change(changed)
             self.member.maps.on_table_change(changed)
+
+    def commit_locally(self, pid: int, row: tuple[str | None, ...]) -> None:
+        """The destination's side of a migration commit (the master commits here first)."""
+        if row[0] == self.me:
+            self.member.maps.owned.add(pid)  # it has the data: no promotion sync
+        self.table.set_replicas(pid, row)
+        self.member.migrations.on_table_change([pid])
+        self.member.maps.on_table_change([pid])
 
     def _set_members(self, members: MemberList) -> set[str]:
         """Take a newer member list; return who left."""
@@ -333,7 +376,8 @@ class ClusterService:
         self.suspected -= gave_up
         self.claim_followed = (claimant, now, gave_up)
         self.master_heard = now
-        self.member.reply_ok(ident, header, **self.view_fields())
+        self.member.reply_ok(ident, header, active=self.member.migrations.active(),
+                             **self.view_fields())
 
     def _on_set_state(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         state = ClusterState(header["state"])
@@ -341,6 +385,7 @@ class ClusterService:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
         self.state = state
+        self.plan_wanted = True
         self._publish()
         self.member.reply_ok(ident, header, state=state.value)
 
@@ -381,6 +426,110 @@ class ClusterService:
         self.member.request_peer(uuid, p.PUBLISH, dict(fields or self.view_fields()), [],
                                  on_reply, timeout=self.config.heartbeat_timeout)
 
+    # -- migrations (the master's) -----------------------------------------------------------
+
+    def _new_driver(self) -> MigrationDriver:
+        return MigrationDriver(self.config.backup_count, self.config.max_parallel_migrations,
+                               self.config.migration_timeout)
+
+    def _run_commands(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, NewTable):
+                self._change_view(self.members, command.table)
+            elif isinstance(command, Transfer):
+                self._ask_migration(command.sender, p.MIGRATE, command, self.driver.transferred)
+            elif isinstance(command, Commit):
+                self._ask_migration(command.migration.destination, p.COMMIT, command,
+                                    self.driver.committed)
+
+    def _ask_migration(self, uuid: str, op: str, command: Transfer | Commit, then: Any) -> None:
+        driver = self.driver
+
+        def on_reply(header: dict[str, Any] | None, frames: list[bytes]) -> None:
+            if driver is not self.driver or not self.is_master:
+                return  # a driver of an earlier mastership
+            ok = bool(header and header.get("ok"))
+            if not ok:
+                log.info("migration %s of partition %d: %s", op,
+                         command.migration.partition_id,
+                         header.get("msg") if header else "no answer")
+            self._run_commands(then(command.mid, ok, self.table, self.member.now()))
+
+        fields = {"mid": command.mid, "m": migration_to_wire(command.migration),
+                  "initial": command.initial_version}
+        timeout = self.config.migration_timeout if op == p.MIGRATE else \
+            self.config.heartbeat_timeout
+        self.member.request_peer(uuid, op, fields, [], on_reply, timeout=timeout)
+
+    def _migration_tick(self, now: float) -> None:
+        self._run_commands(self.driver.tick(self.table, now))
+        if self.driver.take_ended():
+            # A plan ended (done, failed or aborted): look again, after a pause if it failed.
+            self.plan_wanted = True
+            pause = MIGRATION_RETRY_S if self.driver.stats.failed else 0.0
+            self.next_plan = now + max(self.config.partition_migration_interval, pause)
+        staying = [u for u in self.members.data_members if u not in self.leaving]
+        if self.plan_wanted and not self.driver.active and now >= self.next_plan and \
+                self.table.is_assigned() and self.state.migration_allowed:
+            self.plan_wanted = False
+            self._run_commands(self.driver.start(self.table, staying, now))
+        self._let_go(staying)
+
+    def _let_go(self, staying: list[str]) -> None:
+        """Remove the leaving members that hold nothing any more (or that nothing can be
+        moved to); the master itself, when it leaves, stops once it holds nothing."""
+        self.leaving &= set(self.members.uuids)
+        busy = {x for run in self.driver.running.values()
+                for x in (run.migration.source, run.migration.destination, run.sender)}
+        for uuid in sorted(self.leaving):
+            empty = not any(self.table.replica_counts(uuid))
+            if (empty and uuid not in busy) or not staying or \
+                    not self.state.migration_allowed:
+                if uuid == self.me:
+                    log.info("this master left gracefully: its replicas moved; stopping")
+                    self.member.running = False
+                else:
+                    self.leaving.discard(uuid)
+                    self.remove({uuid}, "left gracefully")
+
+    def request_leave(self) -> None:
+        """Leave gracefully (SIGTERM): the master moves our replicas away, then removes us;
+        we go when we learn of it, or after graceful_shutdown_max_wait."""
+        if self.leave_started is None:
+            self.leave_started = self.member.now()
+            log.info("leaving gracefully: asking the master to move our replicas away")
+
+    def _leave_tick(self, now: float) -> None:
+        if now - self.leave_started > self.config.graceful_shutdown_max_wait:
+            log.warning("replicas did not move away within %g s; leaving anyway",
+                        self.config.graceful_shutdown_max_wait)
+            self.member.running = False
+        elif self.is_master:
+            if self.me not in self.leaving:
+                self.leaving.add(self.me)
+                self.plan_wanted = True
+        elif now >= self.next_leave_request and self.members.master is not None:
+            self.next_leave_request = now + self.config.heartbeat_interval
+            self.member.request_peer(self.members.master.uuid, p.LEAVE, {"uuid": self.me},
+                                     [], lambda h, f: None,
+                                     timeout=self.config.heartbeat_interval)
+
+    def _on_leave(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        uuid = header.get("uuid")
+        if not self.is_master:
+            master = self.members.master
+            self.member.reply_error(ident, header, p.NOT_READY, "not the master",
+                                    master=master.endpoint if master else None)
+            return
+        if uuid in self.members and uuid not in self.leaving:
+            self.leaving.add(uuid)
+            log.info("%s asks to leave: moving its replicas away first",
+                     self.members.get(uuid).name)
+            self._run_commands(self.driver.members_changed(self.table, set(),
+                                                           self.member.now()))
+            self.plan_wanted = True
+        self.member.reply_ok(ident, header, leaving=uuid in self.leaving)
+
     def remove(self, uuids: set[str], reason: str) -> None:
         """Master only: remove members, promote backups, publish, have the removed fenced."""
         uuids = {u for u in uuids if u in self.members and u != self.me}
@@ -391,6 +540,8 @@ class ClusterService:
         members = self.members.without(uuids)
         table = remove_members(self.table, uuids, members.data_members)
         self._change_view(members, table)
+        self._run_commands(self.driver.members_changed(self.table, uuids, self.member.now()))
+        self.plan_wanted = True
         for uuid in uuids:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason=reason)
         log.info("removed %s (%s); %d members left", ", ".join(names), reason, len(members))
@@ -424,6 +575,7 @@ class ClusterService:
         self.recovery_waiting = {u for u in self.members.uuids
                                  if u != self.me and u not in self.dead}
         self.recovery_tables, self.recovery_versions = [], []
+        self.recovery_active = list(self.member.migrations.active())
         self.recovery_refused = set()
         self.next_fetch = 0.0
         log.info("master %s is gone; collecting partition tables from %d members",
@@ -477,6 +629,9 @@ class ClusterService:
             try:
                 self.recovery_tables.append(PartitionTable.from_wire(header["table"]))
                 self.recovery_versions.append(MemberList.from_wire(header["members"]).version)
+                self.recovery_active += [a for a in header.get("active") or []
+                                         if isinstance(a, list) and len(a) == 3
+                                         and all(isinstance(x, int) for x in a)]
             except (ValueError, KeyError, PartitionTableError) as exc:
                 log.warning("bad state from %s: %s", uuid, exc)
                 return
@@ -487,6 +642,11 @@ class ClusterService:
         table = self.table.copy()
         for other in self.recovery_tables:
             table.apply(other)  # the most recent version of each partition wins
+        for pid, initial, increment in self.recovery_active:
+            # A migration the old master left running: committed if some member's table
+            # took it (that version won above), else rolled back (seed 002 section 2.2).
+            if 0 <= pid < table.partition_count and table.version(pid) < initial + increment:
+                table.raise_version(pid, initial + increment + 1 - table.version(pid))
         gone = {u for u in self.dead if u in self.members}
         version = max([self.members.version, *self.recovery_versions])
         members = self.members.with_version(version).without(gone)
@@ -494,6 +654,8 @@ class ClusterService:
             members = members.with_version(version + 1)
         table = remove_members(table, gone, members.data_members)
         self.recovering = False
+        self.driver = self._new_driver()
+        self.plan_wanted = True
         # Members heartbeat only the master, so what we heard of them as a follower is old:
         # their heartbeat timeout starts now.
         now = self.member.now()
@@ -521,6 +683,8 @@ class ClusterService:
             return
         if self.recovering:
             self._recovery_step(now)
+        if self.leave_started is not None:
+            self._leave_tick(now)
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.config.heartbeat_interval
             self._send_heartbeats()
@@ -536,6 +700,7 @@ class ClusterService:
                      if now - t > 2 * timeout and u in self.members}
             if stuck:
                 self.remove(stuck, "it does not follow the master's view")
+            self._migration_tick(now)
         elif not self.recovering:
             self._follower_checks(now)
 

@@ -224,6 +224,9 @@ class MapService:
         iid = self._iid(header)
         if self._resent(ident, header, (pid, ns), iid):
             return
+        if self.member.migrations.migrating(pid):
+            self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
+            return
         old, changed = None, True
         try:
             if op in (p.PUT, p.SET):
@@ -258,13 +261,28 @@ class MapService:
 
     # -- partitions ------------------------------------------------------------------------
 
-    def _split_owned(self, header: dict[str, Any]) -> tuple[list[int], list[int]]:
+    @staticmethod
+    def _pids(header: dict[str, Any]) -> list[Any]:
         pids = header.get("pids")
         if not isinstance(pids, list):
             raise ProtocolError("pids must be a list")
+        return pids
+
+    def _split_owned(self, header: dict[str, Any]) -> tuple[list[int], list[int]]:
+        pids = self._pids(header)
         owned, wrong = [], []
         for pid in pids:
             (owned if self._owns(self._pid(pid)) else wrong).append(pid)
+        return owned, wrong
+
+    def _split_writable(self, pids: list[int]) -> tuple[list[int], list[int]]:
+        """Owned partitions a write may change now, and the rest: not owned, or migrating
+        (the client sends those again, as it does partitions that moved)."""
+        migrations = self.member.migrations
+        owned, wrong = [], []
+        for pid in pids:
+            writable = self._owns(self._pid(pid)) and not migrations.migrating(pid)
+            (owned if writable else wrong).append(pid)
         return owned, wrong
 
     def _grouped_items(self, header: dict[str, Any], frames: list[bytes],
@@ -315,8 +333,8 @@ class MapService:
                     self.member.reply_error(ident, header, p.TOO_LARGE,
                                             f"an entry of {size} bytes", size=size, limit=limit)
                     return
-        wrong = [pid for pid in groups if not self._owns(pid)]
-        owned = [pid for pid in groups if pid not in wrong and groups[pid]]
+        owned, wrong = self._split_writable(list(groups))
+        owned = [pid for pid in owned if groups[pid]]
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
             items = groups[pid]
@@ -326,7 +344,7 @@ class MapService:
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
-        owned, wrong = self._split_owned(header)
+        owned, wrong = self._split_writable(self._pids(header))
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
             self.store.clear(pid, ns)
@@ -341,7 +359,7 @@ class MapService:
         ns, target = self._ns(header), header.get("target")
         if not isinstance(target, str) or not target or target == ns:
             raise ProtocolError("replace_contents needs a target map other than the source")
-        owned, wrong = self._split_owned(header)
+        owned, wrong = self._split_writable(self._pids(header))
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong, (target,))
         for pid in fresh:
             self.store.move_fragment(pid, ns, target)
@@ -502,23 +520,17 @@ class MapService:
         if not sync or not namespaces:
             return
         total = self.config.backup_count + self.config.async_backup_count
-        items: list[bytes] = []
-        vectors = {}
         for ns in namespaces:
-            entries = list(self.store.items(pid, ns))
-            items.append(ns.encode())
-            items.append(len(entries).to_bytes(8, "big"))
-            for key, value in entries:
-                items.append(key)
-                items.append(value)
-            vectors[ns] = list(self.versions.increment(pid, ns, total))
+            self.versions.increment(pid, ns, total)
+        items, vectors = self.encode_namespaces(pid, namespaces)
         ticket = Ticket([(pid, ns) for ns in namespaces], [])
         ticket.written.add(pid)
         ticket.waiting = {uuid: {pid} for uuid in sync}
         part = [pid, [0] * REPLICA_VERSION_COUNT, len(items),
                 self.member.cluster.table.version(pid), None, False, None]
         self.order.enqueue(ticket)
-        fields = {"ns": namespaces[0], "kind": SYNC_KIND, "parts": [part], "vectors": vectors}
+        fields = {"ns": namespaces[0], "kind": SYNC_KIND, "parts": [part], "vectors": vectors,
+                  "records": self.records.of_partition(pid)}
         frames = [p.pack_items(items)]
         now = self.member.now()
         for uuid in sync:
@@ -674,6 +686,7 @@ class MapService:
                 continue
             if kind == SYNC_KIND:
                 self._apply_sync(pid, index, chunk, header["vectors"])
+                self.take_records(pid, header.get("records"))
                 continue
             # Every op from the owner our table names is applied, in stream order: its
             # acknowledged writes are then always here. The version vector flags replicas
@@ -695,10 +708,40 @@ class MapService:
         """Become a copy of the owner's partition: its namespaces, entries and versions."""
         self.store.drop_partition(pid)
         self.versions.clear(pid)
+        self.take_namespaces(pid, chunk, vectors, index)
+
+    def take_records(self, pid: int, records: Any) -> None:
+        """Invocation records that came with a partition (a sync or a migration)."""
+        if not isinstance(records, list):
+            return
+        now = self.member.now()
+        for entry in records:
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
+                self.records.record(entry[0], [pid], entry[1], now)
+
+    def encode_namespaces(self, pid: int, namespaces: list[str]
+                          ) -> tuple[list[bytes], dict[str, list[int]]]:
+        """The namespaces of a partition as items (name, count, then keys and values) and
+        their replica version vectors: what a sync or a migration fragment carries."""
+        items: list[bytes] = []
+        vectors = {}
+        for ns in namespaces:
+            entries = list(self.store.items(pid, ns))
+            items.append(ns.encode())
+            items.append(len(entries).to_bytes(8, "big"))
+            for key, value in entries:
+                items.append(key)
+                items.append(value)
+            vectors[ns] = list(self.versions.get(pid, ns))
+        return items, vectors
+
+    def take_namespaces(self, pid: int, items: list[bytes], vectors: dict[str, Any],
+                        index: int) -> None:
+        """Store what ``encode_namespaces`` made, with its versions at replica ``index``."""
         at = 0
-        while at < len(chunk):
-            ns, count = chunk[at].decode(), int.from_bytes(chunk[at + 1], "big")
-            pairs = chunk[at + 2:at + 2 + 2 * count]
+        while at < len(items):
+            ns, count = items[at].decode(), int.from_bytes(items[at + 1], "big")
+            pairs = items[at + 2:at + 2 + 2 * count]
             at += 2 + 2 * count
             self.store.put_many(pid, ns, zip(pairs[0::2], pairs[1::2], strict=True))
             self.versions.set(pid, ns, vectors[ns], index)

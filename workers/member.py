@@ -164,6 +164,7 @@ class Member(Node):
             owned=owned, backups=backups, shm_bytes=self.store.shm_bytes(),
             rss=self.process.memory_info().rss, state=self.cluster.state.value,
             safe=self.cluster.is_safe(), unbacked=self.maps.unbacked_partitions(),
+            migrations=self.cluster.migration_status() if self.cluster.is_master else None,
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name)
 
@@ -191,7 +192,8 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
     try:
         member = Member(GridConfig(**config_dict), name, join_endpoints, supervisor_endpoint,
                         lite)
-        signal.signal(signal.SIGTERM, lambda *_: setattr(member, "running", False))
+        # SIGTERM: leave gracefully (the master moves our replicas away, then removes us).
+        signal.signal(signal.SIGTERM, lambda *_: member.cluster.request_leave())
         ready.send({"uuid": member.info.uuid, "endpoint": member.info.endpoint,
                     "pid": os.getpid()})
         ready.close()

@@ -18,6 +18,7 @@ from grid.config import GridConfig
 from grid.errors import GridError, NotAuthorizedError, ProtocolError
 from workers.cluster_service import ClusterService
 from workers.map_service import MapService
+from workers.migration_service import MigrationService
 from workers.record_store import RecordStore
 
 log = logging.getLogger("shmgrid.member")
@@ -41,9 +42,11 @@ class Node:
                                  max_record_bytes=config.max_value_bytes + 8)
         self.cluster = ClusterService(self, join_endpoints)
         self.maps = MapService(self)
+        self.migrations = MigrationService(self)
         self.handlers: dict[str, Handler] = {p.PING: self._on_ping}
         self.handlers.update(self.cluster.handlers())
         self.handlers.update(self.maps.handlers())
+        self.handlers.update(self.migrations.handlers())
 
     # -- provided by the transport ---------------------------------------------------------
 
@@ -156,6 +159,7 @@ class Node:
                 log.exception("timeout handler failed")
         self.cluster.tick(now)
         self.maps.tick(now)
+        self.migrations.tick(now)
 
     def _on_ping(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.reply_ok(ident, header, cluster=self.config.cluster_name, uuid=self.info.uuid,

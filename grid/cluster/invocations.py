@@ -31,6 +31,7 @@ class InvocationRecords:
         self.max_records = max_records
         self._records: dict[str, tuple[set[int], Any]] = {}
         self._order: deque[tuple[float, str]] = deque()  # (recorded at, invocation id)
+        self._by_pid: dict[int, set[str]] = {}  # what a migration of the partition carries
 
     def get(self, pid: int, iid: str) -> Any:
         """The outcome of ``iid`` if it was applied to partition ``pid``, else NOT_RECORDED."""
@@ -40,20 +41,40 @@ class InvocationRecords:
     def record(self, iid: str, pids: Iterable[int], outcome: Any, now: float) -> None:
         """``iid`` was applied to ``pids``; a later record of it adds partitions (a resend
         that reached partitions the first attempt did not) and keeps the first outcome."""
+        pids = set(pids)
         record = self._records.get(iid)
         if record is None:
-            self._records[iid] = (set(pids), outcome)
+            self._records[iid] = (pids, outcome)
             self._order.append((now, iid))
             while len(self._order) > self.max_records:
-                self._records.pop(self._order.popleft()[1], None)
+                self._forget(self._order.popleft()[1])
         else:
             record[0].update(pids)
+        for pid in pids:
+            self._by_pid.setdefault(pid, set()).add(iid)
+
+    def of_partition(self, pid: int) -> list[tuple[str, Any]]:
+        """(invocation id, outcome) of what was applied to ``pid``: a migration or a sync
+        hands them on with the data, so the partition's next owner answers resends too."""
+        records = self._records
+        return [(iid, records[iid][1]) for iid in self._by_pid.get(pid, ())]
+
+    def _forget(self, iid: str) -> None:
+        record = self._records.pop(iid, None)
+        if record is None:
+            return
+        for pid in record[0]:
+            iids = self._by_pid.get(pid)
+            if iids is not None:
+                iids.discard(iid)
+                if not iids:
+                    del self._by_pid[pid]
 
     def expire(self, now: float) -> None:
         """Forget what no client can resend any more."""
-        order, records = self._order, self._records
+        order = self._order
         while order and order[0][0] < now - self.keep_s:
-            records.pop(order.popleft()[1], None)
+            self._forget(order.popleft()[1])
 
     def __len__(self) -> int:
         return len(self._records)

@@ -61,6 +61,10 @@ class ReplyOrder:
         queues = self._queues
         return any(slot in queues for slot in slots)
 
+    def busy_partition(self, pid: int) -> bool:
+        """Whether any answer about partition ``pid`` is still waiting."""
+        return any(slot[0] == pid for slot in self._queues)
+
     def enqueue(self, ticket: Ticket) -> None:
         if not ticket.slots:
             self._free.append(ticket)

@@ -236,6 +236,11 @@ class MigrationPlan:
         Migrations already running stay tracked until reported; nothing new starts.
         """
         self._finish(m)
+        return self.abort()
+
+    def abort(self) -> list[Migration]:
+        """Start nothing more (the membership changed, say): cancel every migration not
+        started and return them, in queue order. Running ones stay tracked until reported."""
         cancelled = [step for queue in self._queues.values() for step in queue]
         self._queues.clear()
         self._aborted = True

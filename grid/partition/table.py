@@ -224,6 +224,16 @@ class PartitionTable:
         row[index] = member
         return self.set_replicas(pid, row)
 
+    def raise_version(self, pid: int, increment: int) -> int:
+        """Raise a partition's version without changing its replicas (a failed migration:
+        seed 002 section 2.1 makes every member that may have taken the step take the
+        master's row again); returns the new version."""
+        self._check_pid(pid)
+        if not isinstance(increment, int) or isinstance(increment, bool) or increment < 1:
+            raise PartitionTableError(f"a version rises by an int >= 1, not {increment!r}")
+        self._store(pid, self._rows[pid], self._versions[pid] + increment)
+        return self._versions[pid]
+
     def apply(self, other: PartitionTable) -> list[int]:
         """Take every partition whose version in ``other`` is higher; return their ids.
 

@@ -10,11 +10,11 @@ removes it and the supervisor fences it), sends that fail, and client requests d
 Clients write through the same protocol and remember what was acknowledged.
 
 Invariants are checked after every step (``SimNetwork.check_step``): views never go back on a
-node, a member-list version means one list everywhere, and when an owner answers a write, the
-owner and every synchronous backup its table names hold the value. Clients check what each
-answer says (a put returns the previous acknowledged value) and readers that no value they saw
-is followed by an older one. The end state is checked against what was acknowledged. A seed
-replays a run exactly.
+node, a member-list version means one list everywhere, and when an owner answers a write (or
+lets a reader see a value), the owner and every synchronous backup its table names hold it.
+Clients check what each answer says (a put returns the previous acknowledged value) and
+readers that no value they saw is followed by an older one. The end state is checked against
+what was acknowledged. A seed replays a run exactly.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class SimNetwork:
         self.fencing = True  # False: the supervisor is down, nobody kills removed members
         self.views: dict[str, tuple[int, tuple[int, ...]]] = {}  # node -> members v, table vs
         self.pending_writes: dict[tuple[bytes, int], tuple[str, int]] = {}  # (client, rid)
+        self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -143,12 +144,20 @@ class SimNetwork:
         if len(self.violations) < 20:
             self.violations.append(f"{self.time:.3f} {text}")
 
+    def newest_replicas(self, pid: int) -> tuple[str | None, ...]:
+        """The partition's replicas in the newest table a running member holds: a committed
+        migration may have moved a backup before the owner heard of it."""
+        newest = max((n.cluster.table for n in self.alive()), key=lambda t: t.version(pid))
+        return newest.replicas(pid)
+
     def check_acked_write(self, owner: SimNode, key: str, value: int) -> None:
-        """An owner answers a write: it and every synchronous backup its table names hold it."""
+        """An owner answers a write: it and every synchronous backup of the newest table hold
+        it."""
         key_bytes, want = serialize_key(key), serialize_value(value)
-        table = owner.cluster.table
-        pid = partition_id_of(key_bytes, table.partition_count)
-        for index, uuid_ in enumerate(table.replicas(pid)[:1 + self.config.backup_count]):
+        pid = partition_id_of(key_bytes, owner.cluster.table.partition_count)
+        if owner.store.get(pid, "m", key_bytes) != want:
+            self.violation(f"{owner.name} acked {key}={value} but does not hold it")
+        for index, uuid_ in enumerate(self.newest_replicas(pid)[:1 + self.config.backup_count]):
             node = self.by_uuid(uuid_) if uuid_ else None
             if node is None:
                 continue
@@ -156,6 +165,22 @@ class SimNetwork:
             if got != want:
                 self.violation(f"{owner.name} acked {key}={value} but replica {index} "
                                f"({node.name}) holds {got!r}")
+
+    def check_read_durable(self, owner: SimNode, key: str, frames: list[bytes]) -> None:
+        """An owner answers a read with a value: every synchronous backup of the newest table
+        holds it too, or a later one (the writer's values only grow): nobody may see a write
+        that could still be lost."""
+        if len(frames) < 2:
+            return
+        key_bytes, seen = serialize_key(key), deserialize_value(frames[1])
+        pid = partition_id_of(key_bytes, owner.cluster.table.partition_count)
+        for uuid_ in self.newest_replicas(pid)[1:1 + self.config.backup_count]:
+            node = self.by_uuid(uuid_) if uuid_ else None
+            held = node.store.get(pid, "m", key_bytes) if node is not None else None
+            if node is not None and (held is None or deserialize_value(held) < seen):
+                self.violation(f"{owner.name} let a reader see {key}="
+                               f"{deserialize_value(frames[1])}, which {node.name} does not "
+                               f"hold yet")
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -225,6 +250,8 @@ class SimNode(Node):
         self.paused = False
         self.kill_after_reply = False  # die right after answering a client: the worst moment
         self.kill_after_publish = False  # die after a publish reached only some members
+        self.kill_after_read = False  # die right after answering a reader: what it saw must
+        # survive
         self.held: list[Callable[[], None]] = []
         info = MemberInfo(str(uuid.UUID(int=net.rng.getrandbits(128))), name,
                           f"sim://{name}", 1000 + len(net.nodes))
@@ -265,10 +292,15 @@ class SimNode(Node):
             write = self.net.pending_writes.get((ident, header.get("id")))
             if write is not None and header.get("ok"):
                 self.net.check_acked_write(self, *write)
+            read = self.net.pending_reads.pop((ident, header.get("id")), None)
+            if read is not None and header.get("ok"):
+                self.net.check_read_durable(self, read, frames)
             self.net.send(self.info.endpoint, ident, lambda: client.on_reply(frames),
                           sender=self)
-            if self.kill_after_reply:
+            if self.kill_after_reply or (self.kill_after_read and isinstance(client, SimReader)):
                 self.net.kill(self, "chaos, right after a reply")
+                for node in self.net.nodes.values():
+                    node.kill_after_read = False
             return
         for node in self.net.nodes.values():
             if node.info.uuid.encode() == ident:
@@ -467,8 +499,9 @@ class SimReader(SimClient):
             else:
                 self.refresh(self.write_next)
 
-        self.request(owner.endpoint, p.GET, {"ns": self.ns, "pid": pid},
-                     [serialize_key(key)], on_value, timeout=1.0)
+        rid = self.request(owner.endpoint, p.GET, {"ns": self.ns, "pid": pid},
+                           [serialize_key(key)], on_value, timeout=1.0)
+        self.net.pending_reads[(self.ident, rid)] = key
 
 
 def check_converged(net: SimNetwork) -> list[str]:

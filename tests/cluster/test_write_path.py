@@ -228,3 +228,32 @@ def test_a_batch_write_naming_no_partition_of_the_member_is_answered_at_once(mak
     net.run_until(net.time + 0.1)
     assert probe.answer(rid)[0]["wrong"] == [pid]
     assert probe.answer(empty)[0]["ok"]
+
+
+def test_a_promoted_backup_brings_the_other_backups_up_to_date_before_it_answers(make_cluster):
+    """The dead owner's write reached one backup and not the other; the one promoted answers
+    the client's resend from its record only once the other backup holds the write too."""
+    net = make_cluster(seed=18, backup_count=2, nodes=4)
+    master = net.master()
+    key, pid = key_where(net, lambda r: master.info.uuid not in r[:1] and r[2])
+    table = master.cluster.table
+    owner = owner_of(net, pid)
+    first, second = node_of(net, table.replicas(pid)[1]), node_of(net, table.replicas(pid)[2])
+    probe = Probe(net)
+    net.failing_links.add((owner.info.uuid.encode(), second.info.endpoint))
+    put = [serialize_key(key), serialize_value(5)]
+    probe.send(owner, p.PUT, put, ns="m", pid=pid, iid="w5")
+    net.run_until(net.time + 0.2)
+    assert first.store.get(pid, "m", serialize_key(key)) == serialize_value(5)
+    assert second.store.get(pid, "m", serialize_key(key)) is None
+    net.kill(owner, "test")
+    net.failing_links.clear()
+    while first.cluster.table.owner(pid) != first.info.uuid:  # promoted; resend at once
+        net.run_until(net.time + 0.001)
+    resend = probe.send(first, p.PUT, put, ns="m", pid=pid, iid="w5")
+    deadline = net.time + 1.0
+    while probe.answer(resend) is None and net.time < deadline:
+        net.run_until(net.time + 0.001)
+    assert probe.answer(resend)[0]["ok"]
+    # At the moment the answer leaves, the other backup holds the write.
+    assert second.store.get(pid, "m", serialize_key(key)) == serialize_value(5)

@@ -211,3 +211,16 @@ def test_a_repartition_runs_to_the_target(count, before, after, backup_count, li
         current.set_replicas(pid, [None if m in gone else m for m in replicas])
     target = assign(current, kept, backup_count)
     execute(current, target, seed, limit)
+
+
+def test_an_abort_starts_nothing_more_and_keeps_tracking_what_runs():
+    queues = [
+        [Migration(None, -1, -1, "d", -1, 1, 0), Migration("a", 0, -1, "e", -1, 0, 0)],
+        [Migration(None, -1, -1, "f", -1, 1, 1)],
+    ]
+    plan = MigrationPlan(queues, lambda pid: "a", max_parallel_migrations=1)
+    [first] = plan.start_runnable()
+    assert plan.abort() == [queues[0][1], queues[1][0]]
+    assert plan.is_aborted and plan.runnable() == [] and not plan.is_done
+    plan.report_completed(first)
+    assert plan.is_done

@@ -366,3 +366,16 @@ def test_a_consistent_but_invalid_body_is_refused():
 def test_encode_needs_an_address_for_every_member():
     with pytest.raises(PartitionTableError, match="member-3"):
         small_table().encode({m: a for m, a in ADDRESSES.items() if m != "member-3"})
+
+
+def test_raise_version_moves_only_the_version():
+    table = PartitionTable(3)
+    table.set_replicas(1, ["a", "b"])
+    stamp = table.stamp()
+    assert table.raise_version(1, 3) == 5
+    assert table.replicas(1)[:2] == ("a", "b") and table.version(1) == 5
+    assert table.stamp() != stamp
+    with pytest.raises(PartitionTableError):
+        table.raise_version(1, 0)
+    with pytest.raises(PartitionTableError):
+        table.raise_version(1, True)

@@ -1,0 +1,257 @@
+"""The master's migration driver (seed 002 sections 2 and 3, seed 001 section 2.2).
+
+From a table that is not what the data members should hold (a backup lost with a member, a new
+member holding nothing) to the balanced target of ``assign``: removals and lost owners are
+applied at once, every other step is a migration, at most ``max_parallel_migrations`` running
+per member, one at a time per partition. Each migration runs in two phases:
+
+1. **Transfer.** The data sender (the owner, or the source if it leaves index 0) sets the
+   partition's migration flag (writes wait) and sends the partition to the destination.
+2. **Commit.** The master commits to the destination first and waits for it; only then does
+   it apply the step to its table (the version rises by the step's increment) and publish.
+   The source finalises (drops its data after a MOVE) only on the published table.
+
+A failure in either phase leaves the replicas as they were and raises the partition version
+by increment + 1, so that a destination that may have committed takes the master's table again
+(and drops what it received); then nothing more of the plan starts, and the master plans again.
+
+Sans-IO: every method takes the master's current table and returns commands for the shell:
+``Transfer`` and ``Commit`` (send to a member), ``NewTable`` (adopt and publish).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from grid.partition.assignment import assign
+from grid.partition.migration_plan import MigrationPlan, plan_repartition, source_side
+from grid.partition.planner import Migration, apply_migration
+from grid.partition.table import PartitionTable
+
+TRANSFER, COMMIT = "transfer", "commit"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Ask ``sender`` to send partition ``migration.partition_id`` to its destination."""
+
+    mid: int
+    migration: Migration
+    sender: str
+    initial_version: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Ask the destination to take the step into its table (it must hold ``initial_version``)."""
+
+    mid: int
+    migration: Migration
+    initial_version: int
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """The master's table after a change: adopt it and publish it."""
+
+    table: PartitionTable
+
+
+Command = Transfer | Commit | NewTable
+
+
+@dataclass
+class Running:
+    migration: Migration
+    initial_version: int
+    sender: str
+    phase: str
+    deadline: float
+    committed_row: tuple[str | None, ...]  # the partition's row once the step is taken
+
+    def state(self, table: PartitionTable) -> str:
+        """Where ``table`` stands for this migration: "before" it, "after" it (a master
+        that was the destination took the step itself), or "moved" (anything else)."""
+        m = self.migration
+        version = table.version(m.partition_id)
+        if version == self.initial_version:
+            return "before"
+        if version == self.initial_version + m.partition_version_increment and \
+                table.replicas(m.partition_id) == self.committed_row:
+            return "after"
+        return "moved"
+
+
+@dataclass
+class MigrationStats:
+    """What ``status`` shows: the plan in progress and what happened since the last change."""
+
+    planned: int = 0
+    completed: int = 0
+    failed: int = 0
+    events: list[tuple[str, Migration, bool]] = field(default_factory=list)
+
+
+def migration_to_wire(m: Migration) -> list:
+    return [m.source, m.source_current_replica_index, m.source_new_replica_index,
+            m.destination, m.destination_current_replica_index,
+            m.destination_new_replica_index, m.partition_id]
+
+
+def migration_from_wire(obj: object) -> Migration:
+    if not isinstance(obj, list | tuple) or len(obj) != 7:
+        raise ValueError("a migration is [source, sci, sni, destination, dci, dni, pid]")
+    source, sci, sni, destination, dci, dni, pid = obj
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (sci, sni, dci, dni, pid)):
+        raise ValueError("a migration's indexes and partition id are ints")
+    if not all(x is None or isinstance(x, str) for x in (source, destination)):
+        raise ValueError("a migration's members are uuids or None")
+    return Migration(source, sci, sni, destination, dci, dni, pid)
+
+
+class MigrationDriver:
+    def __init__(self, backup_count: int, max_parallel_migrations: int,
+                 migration_timeout: float) -> None:
+        self.backup_count = backup_count
+        self.max_parallel = max_parallel_migrations
+        self.timeout = migration_timeout
+        self.plan: MigrationPlan | None = None
+        self.running: dict[int, Running] = {}
+        self.stats = MigrationStats()
+        self._table: PartitionTable | None = None
+        self._ids = itertools.count(1)
+        self._ended = False
+
+    @property
+    def active(self) -> bool:
+        """A plan is in progress (it may still be launching, or waiting for running ones)."""
+        return self.plan is not None
+
+    def target(self, table: PartitionTable, data_members: Sequence[str]) -> PartitionTable:
+        return assign(table, list(data_members), self.backup_count)
+
+    def start(self, table: PartitionTable, data_members: Sequence[str],
+              now: float) -> list[Command]:
+        """Plan from ``table`` towards the balanced target, if they differ and no plan runs."""
+        if self.plan is not None or not data_members:
+            return []
+        target = self.target(table, data_members)
+        if all(target.replicas(pid) == table.replicas(pid)
+               for pid in range(table.partition_count)):
+            return []
+        repartition = plan_repartition(table, target)
+        if not (repartition.queues or repartition.removals or repartition.lost_owners):
+            return []  # what differs are cycles the planner cancels: nothing to do
+        new = table.copy()
+        for step in (*repartition.removals, *repartition.lost_owners):
+            pid = step.partition_id
+            new.set_replicas(pid, apply_migration(new.replicas(pid), step))
+        commands: list[Command] = [NewTable(new)] if new != table else []
+        self._table = new
+        self.plan = MigrationPlan(repartition.queues, lambda pid: self._table.owner(pid),
+                                  self.max_parallel)
+        self.stats = MigrationStats(planned=repartition.migration_count)
+        return commands + self._launch(now)
+
+    def _launch(self, now: float) -> list[Command]:
+        commands: list[Command] = []
+        if self.plan is None:
+            return commands
+        table = self._table
+        for m in self.plan.start_runnable():
+            sender = source_side(m, table.owner(m.partition_id))
+            mid = next(self._ids)
+            self.running[mid] = Running(
+                m, table.version(m.partition_id), sender, TRANSFER, now + self.timeout,
+                apply_migration(table.replicas(m.partition_id), m))
+            commands.append(Transfer(mid, m, sender, table.version(m.partition_id)))
+        self._maybe_done()
+        return commands
+
+    def _maybe_done(self) -> None:
+        if self.plan is not None and not self.running and \
+                (self.plan.is_done or self.plan.is_aborted):
+            self.plan = None
+            self._ended = True
+
+    def take_ended(self) -> bool:
+        """Whether a plan ended (done, failed or aborted) since the last call: the master
+        then looks again, for what the plan did not do."""
+        ended, self._ended = self._ended, False
+        return ended
+
+    def transferred(self, mid: int, ok: bool, table: PartitionTable,
+                    now: float) -> list[Command]:
+        """The data sender answered the transfer: commit on the destination, or fail."""
+        run = self.running.get(mid)
+        if run is None or run.phase != TRANSFER:
+            return []
+        if not ok or run.state(table) != "before":
+            return self._fail(mid, table, now)
+        run.phase, run.deadline = COMMIT, now + self.timeout
+        return [Commit(mid, run.migration, run.initial_version)]
+
+    def committed(self, mid: int, ok: bool, table: PartitionTable,
+                  now: float) -> list[Command]:
+        """The destination answered the commit: apply the step and publish, or fail."""
+        run = self.running.get(mid)
+        if run is None or run.phase != COMMIT:
+            return []
+        m = run.migration
+        state = run.state(table)  # "after": the master was the destination and took it
+        if not ok or state == "moved":
+            return self._fail(mid, table, now)
+        del self.running[mid]
+        new = table.copy()
+        if state == "before":
+            new.set_replicas(m.partition_id, run.committed_row)
+        self._table = new
+        self.plan.report_completed(m)
+        self.stats.completed += 1
+        self.stats.events.append(("completed", m, True))
+        return [NewTable(new), *self._launch(now)]
+
+    def _fail(self, mid: int, table: PartitionTable, now: float) -> list[Command]:
+        run = self.running.pop(mid)
+        m = run.migration
+        new = table.copy()
+        new.raise_version(m.partition_id, m.partition_version_increment + 1)
+        self._table = new
+        self.plan.report_failed(m)
+        self.stats.failed += 1
+        self.stats.events.append(("failed", m, False))
+        self._maybe_done()
+        return [NewTable(new)]
+
+    def members_changed(self, table: PartitionTable, gone: set[str],
+                        now: float) -> list[Command]:
+        """Members left (or joined): start nothing more of this plan; fail the running
+        migrations a gone member takes part in. The master plans again once it is done."""
+        self._table = table
+        if self.plan is not None:
+            self.plan.abort()
+        commands: list[Command] = []
+        for mid, run in list(self.running.items()):
+            m = run.migration
+            moved = run.state(self._table) == "moved"
+            if moved or gone & {m.source, m.destination, run.sender}:
+                commands += self._fail(mid, self._table, now)
+                if commands and isinstance(commands[-1], NewTable):
+                    self._table = commands[-1].table
+        self._maybe_done()
+        return commands
+
+    def tick(self, table: PartitionTable, now: float) -> list[Command]:
+        """Fail what ran out of time."""
+        commands: list[Command] = []
+        for mid, run in list(self.running.items()):
+            if now >= run.deadline:
+                commands += self._fail(mid, table, now)
+                table = self._table
+        return commands
+
+    def table_changed(self, table: PartitionTable) -> None:
+        """The master's table changed outside the driver (a repair): plan on top of it."""
+        self._table = table

@@ -255,6 +255,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     Console().print(table)
     if _migration_line(summary["migrations"]):
         print(_migration_line(summary["migrations"]))
+    lost = summary["migrations"].get("lost_partitions")
+    if lost:
+        print(f"{lost} partitions lost every replica since this master took over; they are "
+              f"available again, empty")
     if not summary["safe"]:
         print("not safe: some partitions lack their configured backups or are migrating")
     if summary["unbacked"]:

@@ -27,6 +27,8 @@ PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, REPLACE_CONTENTS = (
 WRITE_OPS = WRITE_KEY_OPS | {PUT_ALL, CLEAR, REPLACE_CONTENTS}
 # Anyone → member: cluster views.
 TABLE, STATUS, PING = "table", "status", "ping"
+# Client → master: migration and partition-lost events after a number (for listeners).
+EVENTS = "events"
 # Member ↔ member.
 JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
     "join", "publish", "heartbeat", "backup", "fetch_state")

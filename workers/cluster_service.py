@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
+from grid.cluster.events import EventLog
 from grid.cluster.lease import MembershipLease
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.cluster.migrations import (
@@ -23,6 +24,7 @@ from grid.cluster.migrations import (
 )
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
 from grid.cluster.state import ClusterState
+from grid.errors import ProtocolError
 from grid.partition.table import PartitionTable, PartitionTableError
 
 if TYPE_CHECKING:
@@ -82,6 +84,8 @@ class ClusterService:
         self.driver = self._new_driver()
         self.plan_wanted = False  # something changed that may call for migrations
         self.leaving: set[str] = set()  # master: members whose replicas move away first
+        self.events = EventLog()  # master: what migration and partition-lost listeners hear
+        self.lost_partitions = 0  # master: partitions that lost every replica so far
         self.leave_started: float | None = None  # this member asked to leave, when
         self.next_leave_request = 0.0
         self.next_plan = 0.0
@@ -98,6 +102,7 @@ class ClusterService:
             p.TABLE: self._on_table,
             p.SET_STATE: self._on_set_state,
             p.LEAVE: self._on_leave,
+            p.EVENTS: self._on_events,
         }
 
     # -- views -----------------------------------------------------------------------------
@@ -145,7 +150,7 @@ class ClusterService:
                 "running": len(self.driver.running),
                 "remaining": max(0, stats.planned - stats.completed) if self.driver.active
                 else 0,
-                "leaving": len(self.leaving)}
+                "leaving": len(self.leaving), "lost_partitions": self.lost_partitions}
 
     def replica_counts(self) -> tuple[int, int]:
         counts = self.table.replica_counts(self.me)
@@ -356,6 +361,11 @@ class ClusterService:
         hold every member older than the claimant for gone; otherwise the claimant is wrong
         (it was paused, say) and we say so, and it goes back to following."""
         claimant = header.get("from")
+        if not self.joined:
+            # A member still joining (its master died before answering) has no view to
+            # defend: it gives what it has, and joins the claimant once it is master.
+            self.member.reply_ok(ident, header, active=[], **self.view_fields())
+            return
         older = []
         for m in self.members.members:
             if m.uuid == claimant:
@@ -433,6 +443,9 @@ class ClusterService:
                                self.config.migration_timeout)
 
     def _run_commands(self, commands: list[Command]) -> None:
+        for event in self.driver.events:
+            self.events.add(event)
+        self.driver.events.clear()
         for command in commands:
             if isinstance(command, NewTable):
                 self._change_view(self.members, command.table)
@@ -538,6 +551,7 @@ class ClusterService:
         self.dead |= uuids
         names = [self.members.get(u).name for u in uuids]
         members = self.members.without(uuids)
+        self._report_lost(uuids, self.table)
         table = remove_members(self.table, uuids, members.data_members)
         self._change_view(members, table)
         self._run_commands(self.driver.members_changed(self.table, uuids, self.member.now()))
@@ -545,6 +559,32 @@ class ClusterService:
         for uuid in uuids:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason=reason)
         log.info("removed %s (%s); %d members left", ", ".join(names), reason, len(members))
+
+    def _report_lost(self, gone: set[str], table: PartitionTable) -> None:
+        """Partitions every replica of which is gone: they come back empty (the data is
+        lost); say so in the log, the count in status and to partition-lost listeners."""
+        for pid in range(table.partition_count):
+            replicas = [r for r in table.replicas(pid) if r is not None]
+            if replicas and all(r in gone for r in replicas):
+                self.lost_partitions += 1
+                log.warning("partition %d lost all its %d replicas; it is empty now", pid,
+                            len(replicas))
+                self.events.add({"type": "partition_lost", "partition_id": pid,
+                                 "lost_replicas": len(replicas)})
+
+    def _on_events(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        """Master: the events after ``since`` for a client's listeners."""
+        since = header.get("since")
+        if not isinstance(since, int):
+            raise ProtocolError("events takes since (an int)")
+        if not self.is_master:
+            master = self.members.master
+            self.member.reply_error(ident, header, p.NOT_READY, "not the master",
+                                    master=master.endpoint if master else None)
+            return
+        events, missed = self.events.since(since)
+        self.member.reply_ok(ident, header, events=[[n, e] for n, e in events],
+                             next=self.events.next_seq, missed=missed, master=self.me)
 
     def _on_member_died(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         uuid = header["uuid"]
@@ -575,7 +615,7 @@ class ClusterService:
         self.recovery_waiting = {u for u in self.members.uuids
                                  if u != self.me and u not in self.dead}
         self.recovery_tables, self.recovery_versions = [], []
-        self.recovery_active = list(self.member.migrations.active())
+        self.recovery_active = []
         self.recovery_refused = set()
         self.next_fetch = 0.0
         log.info("master %s is gone; collecting partition tables from %d members",
@@ -642,7 +682,8 @@ class ClusterService:
         table = self.table.copy()
         for other in self.recovery_tables:
             table.apply(other)  # the most recent version of each partition wins
-        for pid, initial, increment in self.recovery_active:
+        for pid, initial, increment in [*self.recovery_active,
+                                        *self.member.migrations.active()]:
             # A migration the old master left running: committed if some member's table
             # took it (that version won above), else rolled back (seed 002 section 2.2).
             if 0 <= pid < table.partition_count and table.version(pid) < initial + increment:
@@ -652,6 +693,7 @@ class ClusterService:
         members = self.members.with_version(version).without(gone)
         if members.version == version:  # nothing removed; still a new master's list
             members = members.with_version(version + 1)
+        self._report_lost(gone, table)
         table = remove_members(table, gone, members.data_members)
         self.recovering = False
         self.driver = self._new_driver()

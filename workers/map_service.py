@@ -214,6 +214,9 @@ class MapService:
         key = frames[0]
         store = self.store
         slots = [(pid, ns)]
+        if op in (p.GET, p.CONTAINS) and not self._servable(pid, write=False):
+            self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
+            return
         if op == p.GET:
             value = store.get(pid, ns, key)
             self._answer_after(ident, header, slots, [] if value is None else [value])
@@ -268,22 +271,22 @@ class MapService:
             raise ProtocolError("pids must be a list")
         return pids
 
-    def _split_owned(self, header: dict[str, Any]) -> tuple[list[int], list[int]]:
-        pids = self._pids(header)
-        owned, wrong = [], []
-        for pid in pids:
-            (owned if self._owns(self._pid(pid)) else wrong).append(pid)
-        return owned, wrong
+    def _servable(self, pid: int, write: bool) -> bool:
+        """Whether this member serves ``pid`` now: it owns it, and no migration holds it
+        (writes wait for a migration; reads too if migration_stale_read_disabled)."""
+        if not self._owns(pid):
+            return False
+        if write or self.config.migration_stale_read_disabled:
+            return not self.member.migrations.migrating(pid)
+        return True
 
-    def _split_writable(self, pids: list[int]) -> tuple[list[int], list[int]]:
-        """Owned partitions a write may change now, and the rest: not owned, or migrating
-        (the client sends those again, as it does partitions that moved)."""
-        migrations = self.member.migrations
-        owned, wrong = [], []
+    def _split(self, pids: list[Any], write: bool) -> tuple[list[int], list[int]]:
+        """The partitions served now, and the rest (not owned, or held by a migration):
+        the client sends those again, as it does partitions that moved."""
+        served, wrong = [], []
         for pid in pids:
-            writable = self._owns(self._pid(pid)) and not migrations.migrating(pid)
-            (owned if writable else wrong).append(pid)
-        return owned, wrong
+            (served if self._servable(self._pid(pid), write) else wrong).append(pid)
+        return served, wrong
 
     def _grouped_items(self, header: dict[str, Any], frames: list[bytes],
                        per_entry: int) -> dict[int, list[bytes]]:
@@ -333,7 +336,7 @@ class MapService:
                     self.member.reply_error(ident, header, p.TOO_LARGE,
                                             f"an entry of {size} bytes", size=size, limit=limit)
                     return
-        owned, wrong = self._split_writable(list(groups))
+        owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
@@ -344,7 +347,7 @@ class MapService:
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
-        owned, wrong = self._split_writable(self._pids(header))
+        owned, wrong = self._split(self._pids(header), write=True)
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
             self.store.clear(pid, ns)
@@ -359,7 +362,7 @@ class MapService:
         ns, target = self._ns(header), header.get("target")
         if not isinstance(target, str) or not target or target == ns:
             raise ProtocolError("replace_contents needs a target map other than the source")
-        owned, wrong = self._split_writable(self._pids(header))
+        owned, wrong = self._split(self._pids(header), write=True)
         ticket, fresh = self._partition_write(ident, header, ns, owned, wrong, (target,))
         for pid in fresh:
             self.store.move_fragment(pid, ns, target)
@@ -372,7 +375,7 @@ class MapService:
         groups = self._grouped_items(header, frames, 1)
         wrong, parts, found, slots = [], [], 0, []
         for pid, keys in groups.items():
-            if not self._owns(pid):
+            if not self._servable(pid, write=False):
                 wrong.append(pid)
                 continue
             slots.append((pid, ns))
@@ -385,7 +388,7 @@ class MapService:
 
     def _on_size(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
-        owned, wrong = self._split_owned(header)
+        owned, wrong = self._split(self._pids(header), write=False)
         self._answer_after(ident, header, [(pid, ns) for pid in owned], [], wrong=wrong,
                            size=sum(self.store.size(pid, ns) for pid in owned))
 
@@ -393,7 +396,7 @@ class MapService:
         """Every entry of the asked partitions: per partition one frame, its serialized keys
         and values laid end to end (the client decodes a frame in one call)."""
         ns = self._ns(header)
-        owned, wrong = self._split_owned(header)
+        owned, wrong = self._split(self._pids(header), write=False)
         payload, counts = [], []
         for pid in owned:
             data, records = self.store.concatenated(pid, ns)

@@ -165,6 +165,7 @@ class Member(Node):
             rss=self.process.memory_info().rss, state=self.cluster.state.value,
             safe=self.cluster.is_safe(), unbacked=self.maps.unbacked_partitions(),
             migrations=self.cluster.migration_status() if self.cluster.is_master else None,
+            sent_entries=self.migrations.sent_entries, sent_bytes=self.migrations.sent_bytes,
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name)
 

@@ -63,6 +63,8 @@ class MigrationService:
         self.member = member
         self.outgoing: dict[int, Outgoing] = {}  # pid -> the migration we send
         self.incoming: dict[int, Incoming] = {}  # pid -> the migration we receive
+        self.sent_entries = 0  # entries and bytes this member sent in fragments, ever
+        self.sent_bytes = 0
 
     def handlers(self) -> dict[str, Any]:
         return {p.MIGRATE: self._on_migrate, p.FRAGMENT: self._on_fragment,
@@ -93,8 +95,12 @@ class MigrationService:
                 del self.incoming[pid]
 
     def _from_master(self, header: dict[str, Any]) -> bool:
-        master = self.member.cluster.members.master
-        return master is not None and header.get("from") == master.uuid
+        """From the master we follow: not one we hold for gone (its last messages may still
+        arrive while a new master collects our state), and not while we claim mastership."""
+        cluster = self.member.cluster
+        master = cluster.members.master
+        return master is not None and header.get("from") == master.uuid and \
+            master.uuid not in cluster.dead and not cluster.recovering
 
     @staticmethod
     def _request(header: dict[str, Any]) -> tuple[int, Migration, int]:
@@ -156,6 +162,8 @@ class MigrationService:
         if run.current is None:
             run.current = run.fragments.pop(0) if run.fragments else []
         payload, vectors = self.member.maps.encode_namespaces(pid, run.current)
+        self.sent_entries += (len(payload) - 2 * len(run.current)) // 2
+        self.sent_bytes += sum(map(len, payload))
         fields = {"mid": run.mid, "m": migration_to_wire(run.migration),
                   "initial": run.initial_version, "first": run.first,
                   "last": not run.fragments, "vectors": vectors}

@@ -8,6 +8,7 @@ from typing import Any
 
 from grid import protocol as p
 from grid.client import registry
+from grid.client.events import EventListeners, Listener
 from grid.client.invocation import Invoker
 from grid.client.map import Map
 from grid.cluster.membership import MemberInfo
@@ -23,6 +24,30 @@ class ClusterView:
     def __init__(self, invoker: Invoker, backup_count: int) -> None:
         self._invoker = invoker
         self._backup_count = backup_count
+        self._listeners: EventListeners | None = None
+
+    def add_migration_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` for every migration event (a plan started, a migration
+        completed or failed, the plan finished), from a background thread; see
+        grid/client/events.py for the fields."""
+        self._events().add_migration_listener(listener)
+
+    def add_partition_lost_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` when a partition lost every replica (its
+        ``partition_id`` and ``lost_replicas``); it is available again, empty."""
+        self._events().add_partition_lost_listener(listener)
+
+    def _events(self) -> EventListeners:
+        if self._listeners is None:
+            invoker = self._invoker
+            seeds = [m.endpoint for m in invoker.members.members] + invoker.seeds
+            self._listeners = EventListeners(seeds, invoker.cluster_name,
+                                             invoker.attempt_timeout)
+        return self._listeners
+
+    def close(self) -> None:
+        if self._listeners is not None:
+            self._listeners.close()
 
     @property
     def members(self) -> list[MemberInfo]:
@@ -100,6 +125,7 @@ class Client:
         return m
 
     def close(self) -> None:
+        self.cluster.close()
         self._invoker.close()
 
     def __enter__(self) -> Client:

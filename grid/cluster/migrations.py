@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from grid.partition.assignment import assign
 from grid.partition.migration_plan import MigrationPlan, plan_repartition, source_side
@@ -91,7 +92,13 @@ class MigrationStats:
     planned: int = 0
     completed: int = 0
     failed: int = 0
-    events: list[tuple[str, Migration, bool]] = field(default_factory=list)
+
+
+def _replica_event(m: Migration, ok: bool) -> dict[str, Any]:
+    return {"type": "replica_migration", "partition_id": m.partition_id, "kind": m.kind,
+            "source": m.source, "destination": m.destination,
+            "source_replica_index": m.source_current_replica_index,
+            "destination_replica_index": m.destination_new_replica_index, "success": ok}
 
 
 def migration_to_wire(m: Migration) -> list:
@@ -123,6 +130,9 @@ class MigrationDriver:
         self._table: PartitionTable | None = None
         self._ids = itertools.count(1)
         self._ended = False
+        # What a migration listener hears, as Hazelcast's MigrationListener does: a plan
+        # started (with its size), each migration completed or failed, the plan finished.
+        self.events: list[dict[str, Any]] = []
 
     @property
     def active(self) -> bool:
@@ -153,6 +163,7 @@ class MigrationDriver:
         self.plan = MigrationPlan(repartition.queues, lambda pid: self._table.owner(pid),
                                   self.max_parallel)
         self.stats = MigrationStats(planned=repartition.migration_count)
+        self.events.append({"type": "migration_started", "planned": self.stats.planned})
         return commands + self._launch(now)
 
     def _launch(self, now: float) -> list[Command]:
@@ -175,6 +186,9 @@ class MigrationDriver:
                 (self.plan.is_done or self.plan.is_aborted):
             self.plan = None
             self._ended = True
+            self.events.append({"type": "migration_finished", "planned": self.stats.planned,
+                                "completed": self.stats.completed,
+                                "failed": self.stats.failed})
 
     def take_ended(self) -> bool:
         """Whether a plan ended (done, failed or aborted) since the last call: the master
@@ -210,7 +224,7 @@ class MigrationDriver:
         self._table = new
         self.plan.report_completed(m)
         self.stats.completed += 1
-        self.stats.events.append(("completed", m, True))
+        self.events.append(_replica_event(m, True))
         return [NewTable(new), *self._launch(now)]
 
     def _fail(self, mid: int, table: PartitionTable, now: float) -> list[Command]:
@@ -221,7 +235,7 @@ class MigrationDriver:
         self._table = new
         self.plan.report_failed(m)
         self.stats.failed += 1
-        self.stats.events.append(("failed", m, False))
+        self.events.append(_replica_event(m, False))
         self._maybe_done()
         return [NewTable(new)]
 

@@ -10,6 +10,7 @@ from grid.cluster.reply_order import ReplyOrder, Ticket
 from tests.cluster import test_simulation, test_write_path
 from workers.cluster_service import ClusterService
 from workers.map_service import MapService
+from workers.migration_service import MigrationService
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,3 +81,46 @@ def test_an_owner_that_acts_alone_without_a_lease_is_caught(monkeypatch, make_cl
     monkeypatch.setattr(ClusterService, "lease_valid", lambda self: True)
     with pytest.raises(AssertionError):
         test_write_path.test_a_removed_owner_without_backups_acknowledges_nothing(make_cluster)
+
+
+MIGRATION_FAULTS = ["join", "join-then-kill", "join-then-kill-master", "leave", "kill"]
+
+
+def test_a_destination_that_takes_the_step_before_the_commit_is_caught(monkeypatch):
+    original = MigrationService._on_fragment
+
+    def take_early(self, ident, header, frames):
+        original(self, ident, header, frames)
+        mid, m, initial = self._request(header)
+        arrival = self.incoming.get(m.partition_id)
+        if arrival is not None and arrival.complete:
+            self._on_commit(b"", {**header, "from": self.member.cluster.members.master.uuid},
+                            [])
+
+    monkeypatch.setattr(MigrationService, "_on_fragment", take_early)
+    assert caught(MIGRATION_FAULTS, range(10))
+
+
+def test_a_source_that_drops_its_data_before_the_commit_is_caught(monkeypatch):
+    original = MigrationService._answer
+
+    def drop_early(self, run, ok, why):
+        if ok and run.migration.source_new_replica_index == -1 and \
+                run.migration.source == self.member.info.uuid:
+            self.member.store.drop_partition(run.migration.partition_id)
+        original(self, run, ok, why)
+
+    monkeypatch.setattr(MigrationService, "_answer", drop_early)
+    # Caught where a migration fails after the early drop: a member dies while they run.
+    assert caught(["join-then-kill", "join-then-kill-master"], range(14))
+
+
+def test_a_new_master_that_ignores_the_collected_migrations_is_caught(monkeypatch):
+    original = ClusterService._finish_recovery
+
+    def ignore(self):
+        self.recovery_active = []
+        original(self)
+
+    monkeypatch.setattr(ClusterService, "_finish_recovery", ignore)
+    assert caught(["join-then-kill-master", "kill-master", "leave-master"], range(20))

@@ -36,22 +36,33 @@ def _kill(cluster, name: str) -> None:
     _wait(lambda: not pid_alive(pid), what=f"{name} to be gone")
 
 
-@pytest.mark.parametrize("rounds", [3])
-def test_kill_then_safe_then_kill_again_loses_nothing(cluster_factory, rounds):
-    """Each kill's lost backups are re-created before the next kill, so a second (and
-    third) kill of the member that held the only copy loses nothing acknowledged."""
-    cluster = cluster_factory(members=3 + rounds)
+def _kill_rounds(cluster_factory, rounds: int) -> None:
+    """Each round kills a member, waits until its lost backups are re-created, and adds a
+    member back: a later kill of the member that held the only copy loses nothing."""
+    cluster = cluster_factory(members=3)
     with Writers(cluster) as writers:
         writers.wait_for(300)
         for n in range(rounds):
-            victim = sorted(m["name"] for m in cluster.registry["members"])[-1 - n % 2]
-            _kill(cluster, victim)
-            writers.wait_for(200)
+            names = sorted(m["name"] for m in cluster.registry["members"])
+            _kill(cluster, names[n % len(names)])
+            writers.wait_for(100)
             status = _wait_safe(cluster)
             assert status["safe"] and status["unbacked"] == 0, status
+            cluster.cli("add-member")
+            _wait_safe(cluster)
     assert not writers.failures, writers.failures
     _assert_all_readable(cluster, writers.acked)
     assert _balanced(_status(cluster))
+
+
+def test_kill_then_safe_then_kill_again_loses_nothing(cluster_factory):
+    _kill_rounds(cluster_factory, rounds=3)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)
+def test_twenty_rounds_of_kill_safe_add_lose_nothing(cluster_factory):
+    _kill_rounds(cluster_factory, rounds=20)
 
 
 def test_an_added_member_takes_its_share_under_writes(cluster_factory):
@@ -122,3 +133,25 @@ def test_the_master_leaves_gracefully(cluster_factory):
     assert {m["name"] for m in status["members"]} == {"member-1", "member-2"}, status
     assert sum(bool(m["master"]) for m in status["members"]) == 1
     _assert_all_readable(cluster, writers.acked)
+
+
+def test_listeners_hear_migrations_and_lost_partitions(cluster_factory):
+    cluster = cluster_factory(members=3, backup_count=0, partition_count=31)
+    migration_events: list[dict] = []
+    lost: list[dict] = []
+    with cluster.connect() as client:
+        client.cluster.add_migration_listener(migration_events.append)
+        client.cluster.add_partition_lost_listener(lost.append)
+        client.get_map("m").put_all({i: i for i in range(300)})
+        cluster.cli("add-member")
+        _wait(lambda: any(e["type"] == "migration_finished" for e in migration_events),
+              what="a migration plan to finish")
+        started = next(e for e in migration_events if e["type"] == "migration_started")
+        moves = [e for e in migration_events if e["type"] == "replica_migration"]
+        assert started["planned"] == len(moves) > 0
+        assert all(e["success"] and e["destination"] for e in moves)
+        victim = next(m for m in _status(cluster)["members"] if m["name"] == "member-1")
+        _kill(cluster, "member-1")
+        _wait(lambda: len(lost) == victim["owned"], what="partition-lost events")
+    assert all(e["lost_replicas"] == 1 for e in lost)
+    assert _status(cluster)["migrations"]["lost_partitions"] == victim["owned"]

@@ -1,0 +1,49 @@
+"""A partition its owner is sending (seed 000's migration flag): writes wait with the retryable
+"migrating" error, reads are served unless migration_stale_read_disabled."""
+
+from __future__ import annotations
+
+from grid import protocol as p
+from grid.serialization import serialize_key, serialize_value
+from tests.cluster.test_write_path import Probe, key_where, owner_of
+from workers.migration_service import Outgoing
+
+
+def _flagged(make_cluster, stale_reads_disabled: bool):
+    net = make_cluster(seed=21, backup_count=1, nodes=3)
+    key, pid = key_where(net, lambda r: True)
+    owner, probe = owner_of(net, pid), Probe(net)
+    probe.send(owner, p.PUT, [serialize_key(key), serialize_value(1)], ns="m", pid=pid,
+               iid="w1")
+    net.run_until(net.time + 0.2)
+    owner.maps.config = owner.maps.config.replace(
+        migration_stale_read_disabled=stale_reads_disabled)
+    owner.migrations.outgoing[pid] = Outgoing(1, None, owner.cluster.table.version(pid),
+                                              (b"", {}), [])
+    return net, owner, probe, key, pid
+
+
+def _answers(net, probe, owner, key, pid):
+    write = probe.send(owner, p.PUT, [serialize_key(key), serialize_value(2)], ns="m", pid=pid,
+                       iid="w2")
+    read = probe.send(owner, p.GET, [serialize_key(key)], ns="m", pid=pid)
+    batch = probe.send(owner, p.GET_ALL, [p.pack_items([serialize_key(key)])], ns="m",
+                       pids=[pid], counts=[1])
+    net.run_until(net.time + 0.2)
+    return probe.answer(write)[0], probe.answer(read), probe.answer(batch)[0]
+
+
+def test_writes_wait_and_reads_are_served_while_a_partition_migrates(make_cluster):
+    net, owner, probe, key, pid = _flagged(make_cluster, stale_reads_disabled=False)
+    write, read, batch = _answers(net, probe, owner, key, pid)
+    assert not write["ok"] and write["code"] == p.MIGRATING
+    assert read[0]["ok"] and read[1] == [serialize_value(1)]
+    assert batch["ok"] and batch["wrong"] == []
+
+
+def test_reads_wait_too_when_stale_reads_are_disabled(make_cluster):
+    net, owner, probe, key, pid = _flagged(make_cluster, stale_reads_disabled=True)
+    write, read, batch = _answers(net, probe, owner, key, pid)
+    assert not write["ok"] and write["code"] == p.MIGRATING
+    assert not read[0]["ok"] and read[0]["code"] == p.MIGRATING
+    assert batch["ok"] and batch["wrong"] == [pid]

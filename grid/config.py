@@ -32,6 +32,9 @@ class GridConfig:
     migration_timeout: float = 300.0
     # Seconds the master waits between the end of one migration plan and the next.
     partition_migration_interval: float = 0.0
+    # Bytes of migration fragments a member has sent and not yet seen taken: past this it
+    # waits before it sends the next (one fragment always goes).
+    migration_max_bytes_in_flight: int = 64 * 1024 * 1024
     # Seconds a gracefully leaving member waits for its replicas to move before it goes.
     graceful_shutdown_max_wait: float = 600.0
     migration_fragments_enabled: bool = True

@@ -65,6 +65,7 @@ class MigrationService:
         self.incoming: dict[int, Incoming] = {}  # pid -> the migration we receive
         self.sent_entries = 0  # entries and bytes this member sent in fragments, ever
         self.sent_bytes = 0
+        self.in_flight: dict[int, int] = {}  # pid -> bytes of its fragment not yet taken
 
     def handlers(self) -> dict[str, Any]:
         return {p.MIGRATE: self._on_migrate, p.FRAGMENT: self._on_fragment,
@@ -162,8 +163,14 @@ class MigrationService:
         if run.current is None:
             run.current = run.fragments.pop(0) if run.fragments else []
         payload, vectors = self.member.maps.encode_namespaces(pid, run.current)
+        size = sum(map(len, payload))
+        in_flight = sum(self.in_flight.values())
+        if in_flight and in_flight + size > self.member.config.migration_max_bytes_in_flight:
+            run.retry_at = self.member.now() + RETRY_S  # bounded memory: after some are taken
+            return
+        self.in_flight[pid] = size
         self.sent_entries += (len(payload) - 2 * len(run.current)) // 2
-        self.sent_bytes += sum(map(len, payload))
+        self.sent_bytes += size
         fields = {"mid": run.mid, "m": migration_to_wire(run.migration),
                   "initial": run.initial_version, "first": run.first,
                   "last": not run.fragments, "vectors": vectors}
@@ -172,6 +179,7 @@ class MigrationService:
         sent_at = self.member.now()
 
         def on_ack(reply: dict[str, Any] | None, _: list[bytes]) -> None:
+            self.in_flight.pop(pid, None)
             if self.outgoing.get(pid) is not run:
                 return
             now = self.member.now()

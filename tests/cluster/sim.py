@@ -64,6 +64,7 @@ class SimNetwork:
         self.views: dict[str, tuple[int, tuple[int, ...]]] = {}  # node -> members v, table vs
         self.pending_writes: dict[tuple[bytes, int], tuple[str, int]] = {}  # (client, rid)
         self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
+        self.assigned: set[str] = set()  # nodes whose table had every partition owned
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -130,6 +131,14 @@ class SimNetwork:
                     self.violation(f"{node.name}: a partition version went back")
             self.views[node.name] = (members.version, versions)
         if changed:
+            # Once assigned, a master's table gives every partition an owner, always (a
+            # partition with no replica left gets an empty one at once).
+            for node in self.alive():
+                if node.cluster.table.is_assigned():
+                    self.assigned.add(node.name)
+                elif node.name in self.assigned and node.cluster.is_master:
+                    self.violation(f"{node.name}: the master's table has a partition without "
+                                   f"an owner")
             # Among the members that run (zombies included), a version means one list: two
             # masters may never each publish a list of their own under one number.
             lists: dict[int, tuple[str, ...]] = {}

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from grid import protocol as p
-from grid.serialization import serialize_key, serialize_value
+from grid.partition.assignment import is_balanced
+from grid.serialization import partition_id_of, serialize_key, serialize_value
 from tests.cluster.test_write_path import Probe, key_where, owner_of
 from workers.migration_service import Outgoing
 
@@ -47,3 +48,28 @@ def test_reads_wait_too_when_stale_reads_are_disabled(make_cluster):
     assert not write["ok"] and write["code"] == p.MIGRATING
     assert not read[0]["ok"] and read[0]["code"] == p.MIGRATING
     assert batch["ok"] and batch["wrong"] == [pid]
+
+
+def test_a_sender_keeps_its_fragments_in_flight_within_the_byte_cap(make_cluster):
+    """With a cap below one fragment, a member sends one fragment at a time; the join still
+    ends balanced and safe."""
+    net = make_cluster(seed=22, backup_count=1, nodes=3)
+    probe = Probe(net)
+    nodes = list(net.alive())
+    for node in nodes:
+        node.config = node.config.replace(migration_max_bytes_in_flight=1)
+    for i in range(200):
+        key = serialize_key(f"k{i}")
+        pid = partition_id_of(key, net.config.partition_count)
+        probe.send(owner_of(net, pid), p.PUT, [key, serialize_value(i)], ns="m", pid=pid,
+                   iid=f"w{i}")
+    net.run_until(net.time + 0.5)
+    net.add_node([n.info.endpoint for n in nodes])
+    peak = 0
+    for _ in range(400):
+        net.run_until(net.time + 0.01)
+        peak = max([peak, *(len(n.migrations.in_flight) for n in net.alive())])
+    master = net.master()
+    assert peak == 1
+    assert master.cluster.is_safe()
+    assert is_balanced(master.cluster.table, master.cluster.members.data_members, 1)

@@ -35,6 +35,8 @@ class GridConfig:
     # Bytes of migration fragments a member has sent and not yet seen taken: past this it
     # waits before it sends the next (one fragment always goes).
     migration_max_bytes_in_flight: int = 64 * 1024 * 1024
+    # Keys and values per migration message: a larger fragment goes in several.
+    migration_chunk_bytes: int = 4 * 1024 * 1024
     # Seconds a gracefully leaving member waits for its replicas to move before it goes.
     graceful_shutdown_max_wait: float = 600.0
     migration_fragments_enabled: bool = True

@@ -27,6 +27,7 @@ The guarantees, and where each is kept:
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -725,18 +726,37 @@ class MapService:
     def encode_namespaces(self, pid: int, namespaces: list[str]
                           ) -> tuple[list[bytes], dict[str, list[int]]]:
         """The namespaces of a partition as items (name, count, then keys and values) and
-        their replica version vectors: what a sync or a migration fragment carries."""
+        their replica version vectors: what a sync carries, in one piece."""
+        return self.encode_chunks(pid, namespaces, math.inf)[0]
+
+    def encode_chunks(self, pid: int, namespaces: list[str], max_bytes: float
+                      ) -> list[tuple[list[bytes], dict[str, list[int]]]]:
+        """The namespaces as ``encode_namespaces`` gives them, cut into chunks of about
+        ``max_bytes`` of keys and values: a large namespace travels in several messages, so
+        that heartbeats, backups and other partitions go on meanwhile. Every namespace is in
+        some chunk, an empty one too (its versions travel); there is always a chunk."""
+        chunks: list[tuple[list[bytes], dict[str, list[int]]]] = []
         items: list[bytes] = []
-        vectors = {}
+        vectors: dict[str, list[int]] = {}
+        size = 0
         for ns in namespaces:
-            entries = list(self.store.items(pid, ns))
-            items.append(ns.encode())
-            items.append(len(entries).to_bytes(8, "big"))
-            for key, value in entries:
-                items.append(key)
-                items.append(value)
-            vectors[ns] = list(self.versions.get(pid, ns))
-        return items, vectors
+            vector, name, section, emitted = list(self.versions.get(pid, ns)), ns.encode(), \
+                [], False
+            for key, value in self.store.items(pid, ns):
+                section.append(key)
+                section.append(value)
+                size += len(key) + len(value)
+                if size >= max_bytes:
+                    items += [name, (len(section) // 2).to_bytes(8, "big"), *section]
+                    vectors[ns] = vector
+                    chunks.append((items, vectors))
+                    items, vectors, size, section, emitted = [], {}, 0, [], True
+            if section or not emitted:
+                items += [name, (len(section) // 2).to_bytes(8, "big"), *section]
+                vectors[ns] = vector
+        if items or not chunks:
+            chunks.append((items, vectors))
+        return chunks
 
     def take_namespaces(self, pid: int, items: list[bytes], vectors: dict[str, Any],
                         index: int) -> None:

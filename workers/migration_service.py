@@ -4,7 +4,8 @@
   master: check the request against its table, set the partition's migration flag (writes to
   it are refused with the retryable "migrating" error, reads are served), then send one
   FRAGMENT per namespace (map) to the destination, the next only after the last was
-  acknowledged, each with the namespace's replica versions (seed 004). When the destination
+  acknowledged, each with the namespace's replica versions (seed 004); a large namespace goes
+  in chunks of ``migration_chunk_bytes``. When the destination
   has them all it answers the master. The flag is cleared when a table raises the partition's
   version past the migration's start: committed (a MOVE's source then drops its data) or
   rolled back.
@@ -19,7 +20,7 @@ member committed (seed 002 section 2.2).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -44,7 +45,8 @@ class Outgoing:
     initial_version: int
     reply_to: tuple[bytes, dict[str, Any]]  # the master's MIGRATE request
     fragments: list[list[str]]  # the namespaces of each fragment still to send
-    current: list[str] | None = None  # the fragment sent and not yet acknowledged
+    chunks: list[tuple[list[bytes], dict]] = field(default_factory=list)  # the fragment's rest
+    current: tuple[list[bytes], dict] | None = None  # the chunk sent, not yet acknowledged
     answered: bool = False  # the master has our answer
     first: bool = True
     retry_at: float | None = None  # a send that did not leave, or a destination behind
@@ -161,19 +163,23 @@ class MigrationService:
         """Send the fragment not yet acknowledged, or the next one."""
         pid = run.migration.partition_id
         if run.current is None:
-            run.current = run.fragments.pop(0) if run.fragments else []
-        payload, vectors = self.member.maps.encode_namespaces(pid, run.current)
+            if not run.chunks:
+                names = run.fragments.pop(0) if run.fragments else []
+                run.chunks = self.member.maps.encode_chunks(
+                    pid, names, self.member.config.migration_chunk_bytes)
+            run.current = run.chunks.pop(0)
+        payload, vectors = run.current
         size = sum(map(len, payload))
         in_flight = sum(self.in_flight.values())
         if in_flight and in_flight + size > self.member.config.migration_max_bytes_in_flight:
             run.retry_at = self.member.now() + RETRY_S  # bounded memory: after some are taken
             return
         self.in_flight[pid] = size
-        self.sent_entries += (len(payload) - 2 * len(run.current)) // 2
+        self.sent_entries += (len(payload) - 2 * len(vectors)) // 2
         self.sent_bytes += size
         fields = {"mid": run.mid, "m": migration_to_wire(run.migration),
                   "initial": run.initial_version, "first": run.first,
-                  "last": not run.fragments, "vectors": vectors}
+                  "last": not run.chunks and not run.fragments, "vectors": vectors}
         if run.first:
             fields["records"] = self.member.maps.records.of_partition(pid)
         sent_at = self.member.now()

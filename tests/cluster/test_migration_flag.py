@@ -73,3 +73,55 @@ def test_a_sender_keeps_its_fragments_in_flight_within_the_byte_cap(make_cluster
     assert peak == 1
     assert master.cluster.is_safe()
     assert is_balanced(master.cluster.table, master.cluster.members.data_members, 1)
+
+
+def test_a_large_fragment_travels_in_chunks_and_arrives_whole(make_cluster):
+    net = make_cluster(seed=23, backup_count=1, nodes=3)
+    probe = Probe(net)
+    nodes = list(net.alive())
+    for node in nodes:
+        node.config = node.config.replace(migration_chunk_bytes=64)
+    values = {f"k{i}": i for i in range(300)}
+    for key, value in values.items():
+        key_bytes = serialize_key(key)
+        pid = partition_id_of(key_bytes, net.config.partition_count)
+        probe.send(owner_of(net, pid), p.PUT, [key_bytes, serialize_value(value)], ns="m",
+                   pid=pid, iid=f"w{key}")
+    net.run_until(net.time + 0.5)
+    sent_before = sum(n.migrations.sent_bytes for n in nodes)
+    new = net.add_node([n.info.endpoint for n in nodes])
+    net.run_until(net.time + 4.0)
+    master = net.master()
+    assert master.cluster.is_safe()
+    assert is_balanced(master.cluster.table, master.cluster.members.data_members, 1)
+    assert sum(n.migrations.sent_bytes for n in nodes) > sent_before
+    table = master.cluster.table
+    for key, value in values.items():
+        key_bytes = serialize_key(key)
+        pid = partition_id_of(key_bytes, net.config.partition_count)
+        for uuid in table.replicas(pid)[:2]:
+            assert net.by_uuid(uuid).store.get(pid, "m", key_bytes) == serialize_value(value)
+    assert new.store.partitions(), "the new member received partitions"
+
+
+def test_encode_chunks_cuts_by_size_keeps_every_namespace_and_entry(make_cluster):
+    net = make_cluster(seed=24, backup_count=1, nodes=3)
+    node = next(iter(net.alive()))
+    store, maps = node.store, node.maps
+    for i in range(10):
+        store.put(0, "a", serialize_key(i), b"x" * 20)
+    store.put(0, "b", serialize_key("only"), b"y")
+    chunks = maps.encode_chunks(0, ["a", "b", "empty"], max_bytes=50)
+    assert len(chunks) > 3
+    seen: dict[str, int] = {}
+    for items, vectors in chunks:
+        at = 0
+        while at < len(items):
+            ns, count = items[at].decode(), int.from_bytes(items[at + 1], "big")
+            assert ns in vectors
+            seen[ns] = seen.get(ns, 0) + count
+            at += 2 + 2 * count
+        assert at == len(items)
+    assert seen == {"a": 10, "b": 1, "empty": 0}
+    assert maps.encode_chunks(0, [], max_bytes=50) == [([], {})]
+    assert len(maps.encode_chunks(0, ["a", "b"], max_bytes=float("inf"))) == 1

@@ -552,7 +552,8 @@ class ClusterService:
         names = [self.members.get(u).name for u in uuids]
         members = self.members.without(uuids)
         self._report_lost(uuids, self.table)
-        table = remove_members(self.table, uuids, members.data_members)
+        table = remove_members(self.table, uuids, members.data_members,
+                               self.config.backup_count)
         self._change_view(members, table)
         self._run_commands(self.driver.members_changed(self.table, uuids, self.member.now()))
         self.plan_wanted = True
@@ -694,7 +695,7 @@ class ClusterService:
         if members.version == version:  # nothing removed; still a new master's list
             members = members.with_version(version + 1)
         self._report_lost(gone, table)
-        table = remove_members(table, gone, members.data_members)
+        table = remove_members(table, gone, members.data_members, self.config.backup_count)
         self.recovering = False
         self.driver = self._new_driver()
         self.plan_wanted = True

@@ -2,7 +2,9 @@
 
 Only the master calls these, and publishes the result; the others act when they receive it.
 A left member's slots become empty; where the owner left, the hottest remaining backup is
-promoted to owner (it has every acknowledged write: backups are synchronous); where every
+promoted to owner (it has every acknowledged write: backups are synchronous), and the
+synchronous backups after it move up to close the holes (they hold the same writes, so no
+data moves; leaving the holes would make the planner shift them up by migrations); where every
 replica left, the least loaded data member becomes the (empty) owner. Re-creating the lost
 backups is the migration planner's work.
 """
@@ -16,8 +18,10 @@ from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable
 
 
 def remove_members(table: PartitionTable, removed: Iterable[str],
-                   data_members: Sequence[str]) -> PartitionTable:
-    """A new table without the removed members; ``data_members`` are the ones that remain."""
+                   data_members: Sequence[str], backup_count: int = 0) -> PartitionTable:
+    """A new table without the removed members; ``data_members`` are the ones that remain.
+    The synchronous backups (indexes 1..``backup_count``) close up behind a gone replica;
+    colder (asynchronous) ones stay where they are, they may lack writes."""
     gone = set(removed)
     result = table.copy()
     if not gone:
@@ -30,6 +34,8 @@ def remove_members(table: PartitionTable, removed: Iterable[str],
             hottest = next((i for i in range(1, MAX_REPLICA_COUNT) if replicas[i]), None)
             if hottest is not None:
                 replicas[0], replicas[hottest] = replicas[hottest], None
+        synchronous = [r for r in replicas[1:1 + backup_count] if r is not None]
+        replicas[1:1 + backup_count] = synchronous + [None] * (backup_count - len(synchronous))
         if replicas != list(result.replicas(pid)):
             result.set_replicas(pid, replicas)
         owner = result.owner(pid)

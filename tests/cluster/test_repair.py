@@ -1,9 +1,13 @@
 """The master's table repair on member removal (seed 002, section 1.1), and cluster safety."""
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
+from grid.partition.assignment import assign
+from grid.partition.migration_plan import plan_repartition
 from grid.partition.table import PartitionTable
 
 MEMBERS = ["a", "b", "c", "d"]
@@ -78,3 +82,25 @@ def test_initial_assignment_is_safe_and_removal_is_not():
 
 def test_unassigned_table_is_not_safe():
     assert not is_cluster_safe(PartitionTable(partition_count=5), ["a"], 0)
+
+
+def test_synchronous_backups_close_up_behind_a_gone_replica():
+    table = PartitionTable(2)
+    table.set_replicas(0, ["a", "b", "c", "d"])
+    table.set_replicas(1, ["b", "a", "c", "d"])
+    out = remove_members(table, {"a"}, ["b", "c", "d"], backup_count=2)
+    assert out.replicas(0)[:4] == ("b", "c", None, "d")  # d is asynchronous: it stays
+    assert out.replicas(1)[:4] == ("b", "c", None, "d")
+
+
+def test_closing_up_spares_the_planner_its_shift_ups():
+    members = [f"m{i}" for i in range(5)]
+    table = initial_assignment(PartitionTable(271), members, 2)
+    staying = [m for m in members if m != "m1"]
+    kinds = {}
+    for backup_count in (0, 2):
+        repaired = remove_members(table, {"m1"}, staying, backup_count)
+        plan = plan_repartition(repaired, assign(repaired, staying, 2))
+        kinds[backup_count] = Counter(m.kind for queue in plan.queues for m in queue)
+    assert kinds[0]["SHIFT_UP"] > 50
+    assert kinds[2]["SHIFT_UP"] == 0 and kinds[2]["COPY"] == kinds[0]["COPY"]

@@ -213,8 +213,9 @@ def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dic
                "unbacked": sum(r.get("unbacked") or 0 for r in rows),
                "migrations": master.get("migrations") or {}, "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
-                                          "owned", "backups", "unbacked", "shm_bytes", "rss",
-                                          "unreachable") if k in r} for r in rows]}
+                                          "owned", "backups", "unbacked", "backup_backlog",
+                                          "shm_bytes", "rss", "unreachable") if k in r}
+                   for r in rows]}
     return summary, rows
 
 

@@ -166,6 +166,8 @@ class Member(Node):
             safe=self.cluster.is_safe(), unbacked=self.maps.unbacked_partitions(),
             migrations=self.cluster.migration_status() if self.cluster.is_master else None,
             sent_entries=self.migrations.sent_entries, sent_bytes=self.migrations.sent_bytes,
+            # Backup operations sent and not yet acknowledged (a slow or hung backup grows it).
+            backup_backlog=self.maps.streams.unacked_count(),
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name)
 

@@ -77,5 +77,6 @@ def test_status_shows_partitions_without_a_backup(cluster_factory):
         time.sleep(0.1)
     assert status["unbacked"] == 31
     assert status["members"][0]["unbacked"] == 31
+    assert status["members"][0]["backup_backlog"] == 0  # nothing waits for a backup
     text = cluster.cli("status").stdout
     assert "31 partitions have no backup" in text

@@ -254,16 +254,20 @@ class ClusterService:
         if left:
             self.member.maps.on_members_change(left)
         if changed:
-            self.member.migrations.on_table_change(changed)
-            self.member.maps.on_table_change(changed)
+            self._table_changed(changed)
+
+    def _table_changed(self, pids: list[int]) -> None:
+        """Partitions whose row changed: migrations resolve first (a flag goes), then the
+        map service drops, promotes and settles."""
+        self.member.migrations.on_table_change(pids)
+        self.member.maps.on_table_change(pids)
 
     def commit_locally(self, pid: int, row: tuple[str | None, ...]) -> None:
         """The destination's side of a migration commit (the master commits here first)."""
         if row[0] == self.me:
             self.member.maps.owned.add(pid)  # it has the data: no promotion sync
         self.table.set_replicas(pid, row)
-        self.member.migrations.on_table_change([pid])
-        self.member.maps.on_table_change([pid])
+        self._table_changed([pid])
 
     def _set_members(self, members: MemberList) -> set[str]:
         """Take a newer member list; return who left."""
@@ -491,6 +495,8 @@ class ClusterService:
     def _let_go(self, staying: list[str]) -> None:
         """Remove the leaving members that hold nothing any more (or that nothing can be
         moved to); the master itself, when it leaves, stops once it holds nothing."""
+        if not self.leaving:
+            return
         self.leaving &= set(self.members.uuids)
         busy = {x for run in self.driver.running.values()
                 for x in (run.migration.source, run.migration.destination, run.sender)}

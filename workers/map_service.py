@@ -309,10 +309,12 @@ class MapService:
 
     def _partition_write(self, ident: bytes, header: dict[str, Any], ns: str,
                          pids: list[int], wrong: list[int],
-                         extra_slots: tuple[str, ...] = ()) -> tuple[Ticket, list[int]]:
-        """The common start of a write to whole partitions: the ticket to answer with and
-        the partitions to apply it to now (not the ones an earlier attempt of the same
-        invocation did or is doing: the ticket waits behind those instead)."""
+                         extra_slots: tuple[str, ...] = ()
+                         ) -> tuple[Ticket, list[int], str | None]:
+        """The common start of a write to whole partitions: the ticket to answer with, the
+        partitions to apply it to now (not the ones an earlier attempt of the same
+        invocation did or is doing: the ticket waits behind those instead), and the
+        invocation id."""
         iid = self._iid(header)
         names = [ns, *extra_slots]
         ticket = Ticket([(pid, name) for pid in pids for name in names],
@@ -322,7 +324,7 @@ class MapService:
             if iid is None or (self.records.get(pid, iid) is NOT_RECORDED
                                and self._under_way(pid, iid) is None):
                 fresh.append(pid)
-        return ticket, fresh
+        return ticket, fresh, iid
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
@@ -339,21 +341,21 @@ class MapService:
                     return
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
-        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
+        ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
             items = groups[pid]
             self.store.put_many(pid, ns, zip(items[0::2], items[1::2], strict=True))
         self._replicate(ticket, ns, PUT_KIND, {pid: groups[pid] for pid in fresh},
-                        self._iid(header), False)
+                        iid, False)
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         owned, wrong = self._split(self._pids(header), write=True)
-        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong)
+        ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
         for pid in fresh:
             self.store.clear(pid, ns)
         self._replicate(ticket, ns, CLEAR_KIND, {pid: [] for pid in fresh},
-                        self._iid(header), False)
+                        iid, False)
 
     def _on_replace_contents(self, ident: bytes, header: dict[str, Any],
                              frames: list[bytes]) -> None:
@@ -364,11 +366,11 @@ class MapService:
         if not isinstance(target, str) or not target or target == ns:
             raise ProtocolError("replace_contents needs a target map other than the source")
         owned, wrong = self._split(self._pids(header), write=True)
-        ticket, fresh = self._partition_write(ident, header, ns, owned, wrong, (target,))
+        ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong, (target,))
         for pid in fresh:
             self.store.move_fragment(pid, ns, target)
         self._replicate(ticket, ns, REPLACE_CONTENTS_KIND,
-                        {pid: [target.encode()] for pid in fresh}, self._iid(header), False,
+                        {pid: [target.encode()] for pid in fresh}, iid, False,
                         target)
 
     def _on_get_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:

@@ -249,23 +249,16 @@ class MigrationDriver:
         commands: list[Command] = []
         for mid, run in list(self.running.items()):
             m = run.migration
-            moved = run.state(self._table) == "moved"
-            if moved or gone & {m.source, m.destination, run.sender}:
-                commands += self._fail(mid, self._table, now)
-                if commands and isinstance(commands[-1], NewTable):
-                    self._table = commands[-1].table
+            if run.state(self._table) == "moved" or gone & {m.source, m.destination, run.sender}:
+                commands += self._fail(mid, self._table, now)  # it moves self._table on
         self._maybe_done()
         return commands
 
     def tick(self, table: PartitionTable, now: float) -> list[Command]:
         """Fail what ran out of time."""
+        self._table = table
         commands: list[Command] = []
         for mid, run in list(self.running.items()):
             if now >= run.deadline:
-                commands += self._fail(mid, table, now)
-                table = self._table
+                commands += self._fail(mid, self._table, now)  # it moves self._table on
         return commands
-
-    def table_changed(self, table: PartitionTable) -> None:
-        """The master's table changed outside the driver (a repair): plan on top of it."""
-        self._table = table

@@ -23,6 +23,7 @@ import heapq
 import itertools
 import random
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,11 @@ class SimNetwork:
         self.rng = random.Random(seed)
         self.config = config
         self.time = 0.0
+        # The nodes' record stores hold real shared-memory segments. Whoever runs a network
+        # must close it; should a caller not (a failed assertion before its finally, a
+        # script), they are unlinked when the network is collected or the interpreter exits.
+        self._stores: list[Any] = []
+        self._finalizer = weakref.finalize(self, _close_stores, self._stores)
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.nodes: dict[str, SimNode] = {}  # by endpoint
@@ -195,6 +201,7 @@ class SimNetwork:
 
     def add_node(self, join: list[str]) -> SimNode:
         node = SimNode(self, f"member-{len(self.nodes)}", join)
+        self._stores.append(node.store)
         self.nodes[node.info.endpoint] = node
         node.cluster.start()
         self.at(self.time + TICK_S, node.timer)
@@ -247,8 +254,18 @@ class SimNetwork:
             self.kill(node, "fenced")
 
     def close(self) -> None:
-        for node in self.nodes.values():
-            node.store.close()
+        self._finalizer()
+
+    def __enter__(self) -> SimNetwork:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _close_stores(stores: list[Any]) -> None:
+    for store in stores:
+        store.close()
 
 
 class SimNode(Node):

@@ -4,18 +4,12 @@ acknowledged write checked afterwards."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from grid.client.registry import pid_alive
-from tests.integration.test_failover import Writers, _assert_all_readable, _wait
+from tests.integration.test_failover import Writers, _assert_all_readable, _status, _wait
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _status(cluster) -> dict:
-    return json.loads(cluster.cli("status", "--json").stdout)
 
 
 def _wait_safe(cluster, timeout: float = 60) -> dict:

@@ -22,6 +22,7 @@ from grid.cluster.migrations import (
     Transfer,
     migration_to_wire,
 )
+from grid.cluster.recovery import collected_table
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
 from grid.cluster.state import ClusterState
 from grid.errors import ProtocolError
@@ -560,8 +561,17 @@ class ClusterService:
         self._report_lost(uuids, self.table)
         table = remove_members(self.table, uuids, members.data_members,
                                self.config.backup_count)
+        # The migrations the removal fails raise their partitions' versions past what a
+        # destination may have committed (seed 002 section 2.1). The repair and those raises
+        # go out as one table: published apart, the repaired row would reach members at the
+        # very version a destination already holds with the migration's row, and two members
+        # would each own the partition at one version.
+        commands = self.driver.members_changed(table, uuids, self.member.now())
+        for command in commands:
+            if isinstance(command, NewTable):
+                table = command.table
         self._change_view(members, table)
-        self._run_commands(self.driver.members_changed(self.table, uuids, self.member.now()))
+        self._run_commands([c for c in commands if not isinstance(c, NewTable)])
         self.plan_wanted = True
         for uuid in uuids:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason=reason)
@@ -686,20 +696,13 @@ class ClusterService:
         return on_reply
 
     def _finish_recovery(self) -> None:
-        table = self.table.copy()
-        for other in self.recovery_tables:
-            table.apply(other)  # the most recent version of each partition wins
-        for pid, initial, increment in [*self.recovery_active,
-                                        *self.member.migrations.active()]:
-            # A migration the old master left running: committed if some member's table
-            # took it (that version won above), else rolled back (seed 002 section 2.2).
-            if 0 <= pid < table.partition_count and table.version(pid) < initial + increment:
-                table.raise_version(pid, initial + increment + 1 - table.version(pid))
         gone = {u for u in self.dead if u in self.members}
         version = max([self.members.version, *self.recovery_versions])
         members = self.members.with_version(version).without(gone)
         if members.version == version:  # nothing removed; still a new master's list
             members = members.with_version(version + 1)
+        table = collected_table(self.table, self.recovery_tables,
+                                [*self.recovery_active, *self.member.migrations.active()])
         self._report_lost(gone, table)
         table = remove_members(table, gone, members.data_members, self.config.backup_count)
         self.recovering = False

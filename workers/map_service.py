@@ -27,7 +27,7 @@ The guarantees, and where each is kept:
 from __future__ import annotations
 
 import logging
-import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -40,7 +40,7 @@ from grid.partition.replica_versions import (
     BackupDecision,
     ReplicaVersions,
 )
-from workers.record_store import ValueTooLargeError
+from workers.record_store import FragmentLoan, ValueTooLargeError
 
 if TYPE_CHECKING:
     from workers.node import Node
@@ -55,6 +55,18 @@ RETURNS_OLD_VALUE = frozenset({p.PUT, p.REMOVE, p.PUT_IF_ABSENT, p.REPLACE})
 # Beyond this many remembered invocations (over all partitions) the oldest are forgotten
 # early: a resend of one of those would be applied again.
 MAX_INVOCATION_RECORDS = 250_000
+
+
+@dataclass
+class FragmentChunk:
+    """One message of a migration fragment: lent record ranges, and versions."""
+
+    parts: list[dict[str, Any]]  # FragmentLoan.chunks descriptions
+    vectors: dict[str, list[int]]  # replica versions of the namespaces whose first part is here
+    entries: int  # records it completes
+    size: int  # arena bytes it covers
+
+
 OWNERSHIP_CHANGED = "ownership of the partition changed during the write; resend it"
 
 
@@ -502,9 +514,10 @@ class MapService:
         me = self.member.info.uuid
         table = cluster.table
         held = set(self.store.partitions())
+        arriving = self.store.arriving_partitions()
         promoted = []
         for pid in pids:
-            if pid in held and table.replica_index(pid, me) < 0:
+            if (pid in held or pid in arriving) and table.replica_index(pid, me) < 0:
                 self.store.drop_partition(pid)
                 self.versions.clear(pid)
             if table.owner(pid) != me:
@@ -728,37 +741,14 @@ class MapService:
     def encode_namespaces(self, pid: int, namespaces: list[str]
                           ) -> tuple[list[bytes], dict[str, list[int]]]:
         """The namespaces of a partition as items (name, count, then keys and values) and
-        their replica version vectors: what a sync carries, in one piece."""
-        return self.encode_chunks(pid, namespaces, math.inf)[0]
-
-    def encode_chunks(self, pid: int, namespaces: list[str], max_bytes: float
-                      ) -> list[tuple[list[bytes], dict[str, list[int]]]]:
-        """The namespaces as ``encode_namespaces`` gives them, cut into chunks of about
-        ``max_bytes`` of keys and values: a large namespace travels in several messages, so
-        that heartbeats, backups and other partitions go on meanwhile. Every namespace is in
-        some chunk, an empty one too (its versions travel); there is always a chunk."""
-        chunks: list[tuple[list[bytes], dict[str, list[int]]]] = []
+        their replica version vectors: what a promotion's SYNC carries, in one piece."""
         items: list[bytes] = []
         vectors: dict[str, list[int]] = {}
-        size = 0
         for ns in namespaces:
-            vector, name, section, emitted = list(self.versions.get(pid, ns)), ns.encode(), \
-                [], False
-            for key, value in self.store.items(pid, ns):
-                section.append(key)
-                section.append(value)
-                size += len(key) + len(value)
-                if size >= max_bytes:
-                    items += [name, (len(section) // 2).to_bytes(8, "big"), *section]
-                    vectors[ns] = vector
-                    chunks.append((items, vectors))
-                    items, vectors, size, section, emitted = [], {}, 0, [], True
-            if section or not emitted:
-                items += [name, (len(section) // 2).to_bytes(8, "big"), *section]
-                vectors[ns] = vector
-        if items or not chunks:
-            chunks.append((items, vectors))
-        return chunks
+            section = [part for record in self.store.items(pid, ns) for part in record]
+            items += [ns.encode(), (len(section) // 2).to_bytes(8, "big"), *section]
+            vectors[ns] = list(self.versions.get(pid, ns))
+        return items, vectors
 
     def take_namespaces(self, pid: int, items: list[bytes], vectors: dict[str, Any],
                         index: int) -> None:
@@ -770,6 +760,43 @@ class MapService:
             at += 2 + 2 * count
             self.store.put_many(pid, ns, zip(pairs[0::2], pairs[1::2], strict=True))
             self.versions.set(pid, ns, vectors[ns], index)
+
+    def lend_namespaces(self, pid: int, namespaces: list[str], max_bytes: float
+                        ) -> tuple[list[FragmentChunk], list[FragmentLoan]]:
+        """A migration fragment of these namespaces, lent through shared memory: the chunk
+        messages (each about ``max_bytes`` of records, with the versions of the namespaces it
+        starts) and the loans to release once the destination has them. There is always a
+        chunk; a namespace without records travels as its versions alone."""
+        chunks: list[FragmentChunk] = []
+        loans: list[FragmentLoan] = []
+        current = FragmentChunk([], {}, 0, 0)
+        for ns in namespaces:
+            current.vectors[ns] = list(self.versions.get(pid, ns))
+            loan = self.store.lend(pid, ns)
+            if loan is None:
+                continue
+            loans.append(loan)
+            for part in loan.chunks(max_bytes):
+                size = part["b"] - part["a"]
+                if current.parts and current.size + size > max_bytes:
+                    chunks.append(current)
+                    current = FragmentChunk([], {}, 0, 0)
+                current.parts.append(part)
+                current.size += size
+                current.entries += part["e1"] - part["e0"]
+                if part["end"] is not None:
+                    current.entries += loan.count - loan.entries
+        chunks.append(current)
+        return chunks, loans
+
+    def take_chunk(self, pid: int, parts: list[dict[str, Any]], vectors: dict[str, Any],
+                   index: int) -> None:
+        """Store one chunk that ``lend_namespaces`` made, with its versions at replica
+        ``index``."""
+        for ns, vector in vectors.items():
+            self.versions.set(pid, ns, vector, index)
+        for part in parts:
+            self.store.receive(pid, part)
 
     def _apply_backup(self, pid: int, ns: str, kind: str, chunk: list[bytes]) -> bytes | None:
         """Apply one part; for a single-key put or remove return the previous value (a

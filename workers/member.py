@@ -33,6 +33,9 @@ TICK_S = 0.1
 # A test hook: "member-2=5,member-3=1" makes those members wait so many seconds before they
 # start (a slow start that tests can rely on). Unset in normal runs.
 START_DELAY_ENV = "SHMGRID_TEST_START_DELAY"
+# A test hook: the member so named dies on its first migration commit, after it took the step
+# into its table and before its answer leaves (the master cannot know it committed).
+DIE_ON_COMMIT_ENV = "SHMGRID_TEST_DIE_ON_COMMIT"
 
 
 class Member(Node):
@@ -195,6 +198,8 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
     try:
         member = Member(GridConfig(**config_dict), name, join_endpoints, supervisor_endpoint,
                         lite)
+        if os.environ.get(DIE_ON_COMMIT_ENV) == name:
+            _die_on_first_commit(member)
         # SIGTERM: leave gracefully (the master moves our replicas away, then removes us).
         signal.signal(signal.SIGTERM, lambda *_: member.cluster.request_leave())
         ready.send({"uuid": member.info.uuid, "endpoint": member.info.endpoint,
@@ -208,6 +213,18 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
         if member is not None:
             member.close()
         raise SystemExit(1) from None
+
+
+def _die_on_first_commit(member: Member) -> None:
+    commit = member.handlers[p.COMMIT]
+
+    def commit_then_die(ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        member.reply = lambda *_: None  # type: ignore[method-assign]  # no answer leaves
+        commit(ident, header, frames)
+        log.warning("test hook %s: dying after a commit", DIE_ON_COMMIT_ENV)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    member.handlers[p.COMMIT] = commit_then_die
 
 
 def _start_delay(spec: str, name: str) -> float:

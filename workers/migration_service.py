@@ -4,11 +4,15 @@
   master: check the request against its table, set the partition's migration flag (writes to
   it are refused with the retryable "migrating" error, reads are served), then send one
   FRAGMENT per namespace (map) to the destination, the next only after the last was
-  acknowledged, each with the namespace's replica versions (seed 004); a large namespace goes
-  in chunks of ``migration_chunk_bytes``. When the destination
+  acknowledged, each with the namespace's replica versions (seed 004). The records do not
+  travel over ZeroMQ: the sender lends the namespace's shared-memory arena and an index
+  segment (workers/record_store.py ``FragmentLoan``), and the destination copies them with
+  bulk reads, in chunks of ``migration_chunk_bytes`` so that heartbeats, backups and other
+  partitions go on meanwhile. When the destination
   has them all it answers the master. The flag is cleared when a table raises the partition's
   version past the migration's start: committed (a MOVE's source then drops its data) or
-  rolled back.
+  rolled back. The loans end when the destination has everything, when the migration fails,
+  or when the member closes; a killed member's segments are unlinked by the supervisor.
 - **Destination**: takes the fragments (replacing whatever it held of the partition), and on
   COMMIT from the master takes the step into its own table; the master applies it only after.
   A rollback (a higher version without it) makes the destination drop what it received.
@@ -28,6 +32,8 @@ from grid.cluster.migrations import migration_from_wire, migration_to_wire
 from grid.errors import ProtocolError
 from grid.partition.migration_plan import source_side
 from grid.partition.planner import Migration, PlanningError, apply_migration
+from workers.map_service import FragmentChunk
+from workers.record_store import FragmentLoan, FragmentTransferError, RecordStoreClosedError
 
 if TYPE_CHECKING:
     from workers.node import Node
@@ -45,8 +51,9 @@ class Outgoing:
     initial_version: int
     reply_to: tuple[bytes, dict[str, Any]]  # the master's MIGRATE request
     fragments: list[list[str]]  # the namespaces of each fragment still to send
-    chunks: list[tuple[list[bytes], dict]] = field(default_factory=list)  # the fragment's rest
-    current: tuple[list[bytes], dict] | None = None  # the chunk sent, not yet acknowledged
+    chunks: list[FragmentChunk] = field(default_factory=list)  # the fragment's rest
+    current: FragmentChunk | None = None  # the chunk sent, not yet acknowledged
+    loans: list[FragmentLoan] = field(default_factory=list)  # what the destination reads
     answered: bool = False  # the master has our answer
     first: bool = True
     retry_at: float | None = None  # a send that did not leave, or a destination behind
@@ -91,6 +98,7 @@ class MigrationService:
             run = self.outgoing.get(pid)
             if run is not None and table.version(pid) > run.initial_version:
                 del self.outgoing[pid]
+                self._release(run)
                 if not run.answered:  # the partition changed under the transfer
                     self._answer(run, False, "the partition changed during the transfer")
             arrival = self.incoming.get(pid)
@@ -164,22 +172,22 @@ class MigrationService:
         pid = run.migration.partition_id
         if run.current is None:
             if not run.chunks:
+                self._release(run)  # the destination has the fragment before
                 names = run.fragments.pop(0) if run.fragments else []
-                run.chunks = self.member.maps.encode_chunks(
+                run.chunks, run.loans = self.member.maps.lend_namespaces(
                     pid, names, self.member.config.migration_chunk_bytes)
             run.current = run.chunks.pop(0)
-        payload, vectors = run.current
-        size = sum(map(len, payload))
+        chunk = run.current
         in_flight = sum(self.in_flight.values())
-        if in_flight and in_flight + size > self.member.config.migration_max_bytes_in_flight:
+        if in_flight and \
+                in_flight + chunk.size > self.member.config.migration_max_bytes_in_flight:
             run.retry_at = self.member.now() + RETRY_S  # bounded memory: after some are taken
             return
-        self.in_flight[pid] = size
-        self.sent_entries += (len(payload) - 2 * len(vectors)) // 2
-        self.sent_bytes += size
+        self.in_flight[pid] = chunk.size
         fields = {"mid": run.mid, "m": migration_to_wire(run.migration),
                   "initial": run.initial_version, "first": run.first,
-                  "last": not run.chunks and not run.fragments, "vectors": vectors}
+                  "last": not run.chunks and not run.fragments, "parts": chunk.parts,
+                  "vectors": chunk.vectors}
         if run.first:
             fields["records"] = self.member.maps.records.of_partition(pid)
         sent_at = self.member.now()
@@ -196,17 +204,29 @@ class MigrationService:
                 why = "no answer" if reply is None else reply.get("msg")
                 self._answer(run, False, f"the destination did not take a fragment: {why}")
             elif fields["last"]:
+                self._taken(chunk)
                 self._answer(run, True, "")
             else:
+                self._taken(chunk)
                 run.current, run.first = None, False
                 self._send(run)
 
-        self.member.request_peer(run.migration.destination, p.FRAGMENT, fields,
-                                 [p.pack_items(payload)], on_ack,
+        self.member.request_peer(run.migration.destination, p.FRAGMENT, fields, [], on_ack,
                                  timeout=self.member.config.migration_timeout)
+
+    def _taken(self, chunk: FragmentChunk) -> None:
+        self.sent_entries += chunk.entries
+        self.sent_bytes += chunk.size
+
+    @staticmethod
+    def _release(run: Outgoing) -> None:
+        for loan in run.loans:
+            loan.release()
+        run.loans = []
 
     def _answer(self, run: Outgoing, ok: bool, why: str) -> None:
         run.answered = True
+        self._release(run)
         ident, header = run.reply_to
         if ok:
             self.member.reply_ok(ident, header)
@@ -222,10 +242,10 @@ class MigrationService:
         mid, m, initial = self._request(header)
         pid = m.partition_id
         table = self.member.cluster.table
-        vectors = header.get("vectors")
-        if m.destination != self.member.info.uuid or len(frames) != 1 or \
-                not isinstance(vectors, dict):
-            raise ProtocolError("a fragment for another member, or without its payload")
+        vectors, parts = header.get("vectors"), header.get("parts")
+        if m.destination != self.member.info.uuid or not isinstance(vectors, dict) or \
+                not isinstance(parts, list) or not all(isinstance(x, dict) for x in parts):
+            raise ProtocolError("a fragment for another member, or without its parts")
         if table.version(pid) < initial:  # the master's publish has not come yet
             self.member.cluster.ask_for_table()
             self.member.reply_error(ident, header, p.MIGRATING, "behind", behind=True)
@@ -246,7 +266,13 @@ class MigrationService:
             self.member.reply_error(ident, header, p.MIGRATING, "fragment of an unknown migration")
             return
         index = max(m.destination_new_replica_index, 1)
-        self.member.maps.take_namespaces(pid, p.unpack_items(frames[0]), vectors, index)
+        try:
+            self.member.maps.take_chunk(pid, parts, vectors, index)
+        except (OSError, FragmentTransferError, RecordStoreClosedError) as exc:
+            # The sender's segments are gone (it died), do not fit, or ours cannot grow.
+            self.member.reply_error(ident, header, p.MIGRATING,
+                                    f"could not take the fragment of partition {pid}: {exc}")
+            return
         arrival.complete = bool(header.get("last"))
         self.member.reply_ok(ident, header)
 

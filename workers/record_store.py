@@ -19,14 +19,18 @@ never touches it.
 
 from __future__ import annotations
 
+import math
 import struct
+from array import array
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import mmh3
 
-from workers.shm import Segment, validate_prefix
+from workers.shm import Segment, SegmentReader, validate_prefix
 
-__all__ = ["RecordStore", "RecordStoreClosedError", "ValueTooLargeError", "key_hash"]
+__all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
+           "key_hash"]
 
 _HEADER = struct.Struct("<II")
 header_bytes = _HEADER.size
@@ -279,6 +283,13 @@ class _Fragment:
             capacity_new = self.capacity
         else:
             capacity_new = max(2 * self.capacity, required)
+        self.move_to(capacity_new)
+        if self.top + record_size > self.capacity:
+            raise RecordStoreInvariantError("compaction made too little room")
+
+    def move_to(self, capacity_new: int) -> None:
+        """Copy the live records into a new segment of ``capacity_new`` bytes (at least the
+        live bytes) and retire the old one."""
         segment_new = self.store.new_segment(capacity_new)
         remap = None
         try:
@@ -302,8 +313,6 @@ class _Fragment:
         self.top = self.live_bytes
         self.garbage_bytes = 0
         segment_old.retire()
-        if self.top + record_size > self.capacity:
-            raise RecordStoreInvariantError("compaction made too little room")
 
     def remap_index(self, remap: dict[int, int]) -> None:
         """Point every index entry at the records' new offsets."""
@@ -404,6 +413,96 @@ class _Fragment:
             raise RecordStoreInvariantError("tuple_entry_count disagrees with the index")
 
 
+class FragmentLoan:
+    """One fragment lent, read-only, to a migration destination on this host.
+
+    What is lent is the arena segment itself: pinned, so no write overwrites a record in
+    place and no reset reuses it while the destination reads. (The migration flag stops
+    writes anyway; were one to compact the fragment, the old segment would be unlinked and
+    the destination's next read would fail, which fails the migration, never corrupts it.)
+    The index travels in a second segment of this store: every 64-bit key hash, then every
+    offset, so that the destination rebuilds its dict with one C-level update instead of
+    hashing each key. Hash collisions (two keys, one hash) are rare enough to go on the wire.
+
+    ``chunks`` cuts the arena bytes and the index entries into messages of about
+    ``max_bytes``; ``release`` (idempotent; also done by the store's ``close``) unpins the
+    arena and unlinks the index segment.
+    """
+
+    __slots__ = ("store", "namespace", "segment", "index_segment", "top", "entries",
+                 "collisions", "count", "live_bytes", "garbage_bytes", "released")
+
+    def __init__(self, store: RecordStore, namespace: str, fragment: _Fragment) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.released = False
+        index = fragment.index
+        if fragment.tuple_entry_count:
+            singles = {h: entry for h, entry in index.items() if entry.__class__ is int}
+            self.collisions = [[h, list(entry)] for h, entry in index.items()
+                               if entry.__class__ is not int]
+        else:
+            singles, self.collisions = index, []
+        self.entries = len(singles)
+        self.index_segment = None
+        if singles:
+            self.index_segment = store.new_segment(16 * self.entries)
+            hashes = array("Q", singles.keys())
+            offsets = array("Q", singles.values())
+            with memoryview(self.index_segment.mm) as view, memoryview(hashes) as h, \
+                    memoryview(offsets) as o:
+                view[: 8 * self.entries] = h.cast("B")
+                view[8 * self.entries :] = o.cast("B")
+        self.segment = fragment.segment
+        self.segment.pin()
+        self.top = fragment.top
+        self.count = fragment.count
+        self.live_bytes = fragment.live_bytes
+        self.garbage_bytes = fragment.garbage_bytes
+
+    def chunks(self, max_bytes: float) -> list[dict[str, Any]]:
+        """Wire descriptions of the loan in parts of about ``max_bytes`` of arena, each with
+        its share of the index; ``RecordStore.receive`` takes them in order."""
+        parts = max(1, math.ceil(self.top / max_bytes))
+        top, entries = self.top, self.entries
+        out = []
+        for k in range(parts):
+            out.append({
+                "ns": self.namespace, "arena": self.segment.name, "top": top,
+                "index": self.index_segment.name if self.index_segment else "",
+                "n": entries, "a": top * k // parts, "b": top * (k + 1) // parts,
+                "e0": entries * k // parts, "e1": entries * (k + 1) // parts,
+                "first": k == 0, "end": None,
+            })
+        out[-1]["end"] = {"count": self.count, "live": self.live_bytes,
+                          "garbage": self.garbage_bytes, "collisions": self.collisions}
+        return out
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.store.loans.discard(self)
+        self.segment.unpin()
+        if self.index_segment is not None:
+            self.index_segment.retire()
+
+    def __repr__(self) -> str:
+        return f"FragmentLoan({self.segment.name!r}, {self.count} records)"
+
+
+class FragmentTransferError(ValueError):
+    """A lent fragment's description does not fit what its segments hold."""
+
+
+def _int_field(chunk: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = chunk.get(name)
+    if value.__class__ is not int or not low <= value <= high:
+        raise FragmentTransferError(f"fragment chunk field {name}={value!r} is not in"
+                                    f" {low}..{high}")
+    return value
+
+
 def _iterate_records(segment: Segment, offsets: list[int]) -> Iterator:
     """Yield (key, value) copies at ``offsets``; the first ``next`` only pins the segment."""
     segment.pin()
@@ -443,6 +542,8 @@ class RecordStore:
         self._initial_segment_bytes = initial_segment_bytes
         self._max_record_bytes = max_record_bytes
         self._partitions: dict[int, dict[str, _Fragment]] = {}
+        self._receiving: dict[tuple[int, str], _Fragment] = {}  # lent fragments arriving
+        self.loans: set[FragmentLoan] = set()  # fragments this store has lent out
         self._segment_number = 0
         self._closed = False
 
@@ -578,8 +679,105 @@ class RecordStore:
         self._partitions.setdefault(pid, {})[target] = moved
         return moved.count
 
+    # -- migration transfer ----------------------------------------------------------------
+
+    def lend(self, pid: int, namespace: str) -> FragmentLoan | None:
+        """Lend the fragment to a destination on this host (None when it has none). A
+        fragment that is more garbage than records is compacted first, so that the loan
+        carries records, not garbage."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return None
+        if fragment.garbage_bytes > fragment.live_bytes:
+            fragment.move_to(fragment.capacity)
+        loan = FragmentLoan(self, namespace, fragment)
+        self.loans.add(loan)
+        return loan
+
+    def receive(self, pid: int, chunk: dict[str, Any]) -> int:
+        """Take one chunk of another store's ``FragmentLoan`` (in order): bulk copies of its
+        arena bytes and index entries. The last chunk installs the fragment, replacing what
+        this store held of the namespace; until then nothing of it is visible. Returns the
+        index entries taken. FragmentTransferError when the chunk does not fit its segments,
+        FileNotFoundError when the lender's segments are gone."""
+        namespace = chunk.get("ns")
+        if not isinstance(namespace, str):
+            raise FragmentTransferError("a fragment chunk names its namespace")
+        key = (pid, namespace)
+        with SegmentReader(str(chunk.get("arena"))) as arena:
+            top = _int_field(chunk, "top", 0, arena.size_bytes)
+            start = _int_field(chunk, "a", 0, top)
+            end = _int_field(chunk, "b", start, top)
+            if chunk.get("first"):
+                stale = self._receiving.pop(key, None)
+                if stale is not None:
+                    stale.release()
+                self._receiving[key] = _Fragment(self, self.new_segment(arena.size_bytes))
+            fragment = self._receiving.get(key)
+            if fragment is None or fragment.capacity != arena.size_bytes:
+                raise FragmentTransferError(f"a chunk of {namespace!r} without its first")
+            with memoryview(fragment.mm) as target:
+                arena.read_into(target[start:end], start)
+        entries = _int_field(chunk, "n", 0, top)
+        first_entry = _int_field(chunk, "e0", 0, entries)
+        last_entry = _int_field(chunk, "e1", first_entry, entries)
+        if last_entry > first_entry:
+            with SegmentReader(str(chunk.get("index"))) as index_segment:
+                if index_segment.size_bytes < 16 * entries:
+                    raise FragmentTransferError("the index segment is shorter than its entries")
+                width = 8 * (last_entry - first_entry)
+                hashes, offsets = bytearray(width), bytearray(width)
+                index_segment.read_into(memoryview(hashes), 8 * first_entry)
+                index_segment.read_into(memoryview(offsets), 8 * (entries + first_entry))
+            with memoryview(hashes) as h, memoryview(offsets) as o:
+                h, o = h.cast("Q"), o.cast("Q")
+                if max(o) + header_bytes > top:
+                    raise FragmentTransferError("an index offset lies past the records")
+                fragment.index.update(zip(h, o, strict=True))
+        taken = last_entry - first_entry
+        if chunk.get("end") is not None:
+            taken += self._install(key, fragment, top, chunk["end"])
+        return taken
+
+    def _install(self, key: tuple[int, str], fragment: _Fragment, top: int,
+                 end: dict[str, Any]) -> int:
+        """The last chunk: counters, colliding entries, then the fragment goes live."""
+        index = fragment.index
+        collisions = end.get("collisions")
+        if not isinstance(collisions, list):
+            raise FragmentTransferError("the last chunk carries the colliding entries")
+        colliding = 0
+        for h, offsets in collisions:
+            if h in index or not isinstance(offsets, list) or len(offsets) < 2 or \
+                    not all(o.__class__ is int and 0 <= o < top for o in offsets):
+                raise FragmentTransferError(f"bad colliding entry for hash {h!r}")
+            index[h] = tuple(offsets)
+            colliding += len(offsets)
+        fragment.tuple_entry_count = len(collisions)
+        fragment.top = top
+        fragment.count = _int_field(end, "count", 0, top)
+        fragment.live_bytes = _int_field(end, "live", 0, top)
+        fragment.garbage_bytes = _int_field(end, "garbage", 0, top)
+        if fragment.count != len(index) - len(collisions) + colliding or \
+                fragment.live_bytes + fragment.garbage_bytes != top:
+            raise FragmentTransferError(
+                f"the fragment says {fragment.count} records in {fragment.live_bytes} live"
+                f" bytes, its index has {len(index)} entries and top is {top}")
+        del self._receiving[key]
+        pid, namespace = key
+        namespaces = self._partitions.setdefault(pid, {})
+        old = namespaces.pop(namespace, None)
+        if old is not None:
+            old.release()
+        namespaces[namespace] = fragment
+        return colliding
+
     def drop_partition(self, pid: int) -> None:
-        """Drop every namespace of the partition and unlink their segments."""
+        """Drop every namespace of the partition (and any arriving) and unlink their
+        segments."""
+        for key in [key for key in self._receiving if key[0] == pid]:
+            self._receiving.pop(key).release()
         namespaces = self._partitions.pop(pid, None)
         if namespaces is None:
             return
@@ -594,6 +792,15 @@ class RecordStore:
         """Partition ids with at least one fragment, sorted."""
         return sorted(self._partitions)
 
+    @property
+    def segment_prefix(self) -> str:
+        """What every segment name of this store starts with (then ``-{n}``)."""
+        return self._segment_prefix
+
+    def arriving_partitions(self) -> set[int]:
+        """Partition ids with a lent fragment part-way received."""
+        return {pid for pid, _ in self._receiving}
+
     def shm_bytes(self) -> int:
         """Total size of the segments in use (retired ones still read by iterators excluded)."""
         return sum(
@@ -607,8 +814,11 @@ class RecordStore:
         self._closed = True
         partitions = self._partitions
         self._partitions = {}
+        for loan in list(self.loans):
+            loan.release()
+        receiving, self._receiving = self._receiving, {}
         failures: list[BaseException] = []
-        for namespaces in partitions.values():
+        for namespaces in [*partitions.values(), receiving]:
             for fragment in namespaces.values():
                 try:
                     fragment.release()

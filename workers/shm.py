@@ -171,6 +171,43 @@ def _reserve(fd: int, size_bytes: int) -> None:
             raise
 
 
+class SegmentReader:
+    """Another process's segment, opened read-only by name, read with ``pread`` into a
+    buffer: the kernel copies straight from the segment's pages, with no mapping of ours to
+    fault in. A context manager; the segment's size is fixed when it opens."""
+
+    __slots__ = ("name", "fd", "size_bytes")
+
+    def __init__(self, name: str) -> None:
+        """Open ``name``; FileNotFoundError when it is gone (its owner died or retired it)."""
+        self.name = validate_name(name)
+        self.fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0)
+        self.size_bytes = os.fstat(self.fd).st_size
+
+    def read_into(self, target: memoryview, offset: int) -> None:
+        """Fill ``target`` (writable bytes) from the segment at ``offset``."""
+        if offset < 0 or offset + len(target) > self.size_bytes:
+            raise ValueError(f"bytes {offset}..{offset + len(target)} lie outside segment"
+                             f" {self.name!r} of {self.size_bytes} bytes")
+        done = 0
+        while done < len(target):  # Linux reads at most 2 GiB - 4 KiB in one call
+            count = os.preadv(self.fd, [target[done:]], offset + done)
+            if count <= 0:
+                raise OSError(errno.EIO, f"segment {self.name!r} ended at {offset + done}")
+            done += count
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def list_segments(prefix: str) -> list[str]:
     """Names in /dev/shm that start with ``prefix + "-"``, sorted."""
     validate_prefix(prefix)

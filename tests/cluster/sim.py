@@ -38,6 +38,7 @@ from grid.serialization import (
     serialize_value,
 )
 from workers.node import Node
+from workers.shm import remove_segments
 
 TICK_S = 0.1
 SUPERVISOR = b"supervisor"
@@ -145,6 +146,18 @@ class SimNetwork:
                 elif node.name in self.assigned and node.cluster.is_master:
                     self.violation(f"{node.name}: the master's table has a partition without "
                                    f"an owner")
+            # A partition version means one replica row, whoever holds the table: so two
+            # members can never each take themselves for the owner at the same version.
+            rows: dict[tuple[int, int], tuple] = {}
+            for node in self.alive():
+                table = node.cluster.table
+                if not table.is_assigned():
+                    continue
+                for pid, version in enumerate(table.versions()):
+                    row = tuple(table.replicas(pid))
+                    if rows.setdefault((pid, version), row) != row:
+                        self.violation(f"{node.name}: partition {pid} at version {version} "
+                                       f"has rows {rows[(pid, version)]} and {row}")
             # Among the members that run (zombies included), a version means one list: two
             # masters may never each publish a list of their own under one number.
             lists: dict[int, tuple[str, ...]] = {}
@@ -221,6 +234,9 @@ class SimNetwork:
             return
         node.alive = False
         self.log.append(f"{self.time:.3f} kill {node.name} ({why})")
+        # As the supervisor does: the dead member's segments lose their names (what is
+        # mapped stays readable, so the checks can still look into its store).
+        remove_segments(node.store.segment_prefix)
         for other in self.alive():  # the supervisor sees the death at once
             self.send(SUPERVISOR, other.info.endpoint, lambda o=other: o.deliver(
                 SUPERVISOR, p.request(p.MEMBER_DIED, 0, self.config.cluster_name,
@@ -542,6 +558,10 @@ def check_converged(net: SimNetwork) -> list[str]:
     for pid in range(table.partition_count):
         if table.owner(pid) not in live:
             problems.append(f"partition {pid} has no live owner ({table.owner(pid)})")
+    for node in alive:
+        if node.store.loans or node.store.arriving_partitions():
+            problems.append(f"{node.name} still lends {node.store.loans} or receives "
+                            f"{node.store.arriving_partitions()} once quiet")
     return problems
 
 

@@ -104,24 +104,30 @@ def test_a_large_fragment_travels_in_chunks_and_arrives_whole(make_cluster):
     assert new.store.partitions(), "the new member received partitions"
 
 
-def test_encode_chunks_cuts_by_size_keeps_every_namespace_and_entry(make_cluster):
+def test_lent_fragment_is_cut_by_size_and_arrives_whole(make_cluster):
     net = make_cluster(seed=24, backup_count=1, nodes=3)
-    node = next(iter(net.alive()))
-    store, maps = node.store, node.maps
+    sender, receiver = list(net.alive())[:2]
+    store, maps = sender.store, sender.maps
     for i in range(10):
         store.put(0, "a", serialize_key(i), b"x" * 20)
     store.put(0, "b", serialize_key("only"), b"y")
-    chunks = maps.encode_chunks(0, ["a", "b", "empty"], max_bytes=50)
-    assert len(chunks) > 3
-    seen: dict[str, int] = {}
-    for items, vectors in chunks:
-        at = 0
-        while at < len(items):
-            ns, count = items[at].decode(), int.from_bytes(items[at + 1], "big")
-            assert ns in vectors
-            seen[ns] = seen.get(ns, 0) + count
-            at += 2 + 2 * count
-        assert at == len(items)
-    assert seen == {"a": 10, "b": 1, "empty": 0}
-    assert maps.encode_chunks(0, [], max_bytes=50) == [([], {})]
-    assert len(maps.encode_chunks(0, ["a", "b"], max_bytes=float("inf"))) == 1
+    chunks, loans = maps.lend_namespaces(0, ["a", "b", "empty"], max_bytes=50)
+    assert len(chunks) > 3 and len(loans) == 2
+    assert all(chunk.size <= 50 for chunk in chunks)
+    assert sum(chunk.entries for chunk in chunks) == 11
+    assert {ns for chunk in chunks for ns in chunk.vectors} == {"a", "b", "empty"}
+    receiver.store.drop_partition(0)
+    for chunk in chunks[:-1]:
+        receiver.maps.take_chunk(0, chunk.parts, chunk.vectors, 1)
+        assert "b" not in receiver.store.namespaces(0), "a namespace is visible only whole"
+    receiver.maps.take_chunk(0, chunks[-1].parts, chunks[-1].vectors, 1)
+    assert receiver.store.namespaces(0) == ["a", "b"]
+    assert dict(receiver.store.items(0, "a")) == dict(store.items(0, "a"))
+    assert dict(receiver.store.items(0, "b")) == {serialize_key("only"): b"y"}
+    assert receiver.maps.versions.get(0, "empty") == maps.versions.get(0, "empty")
+    receiver.store._check()
+    for loan in loans:
+        loan.release()
+    assert not store.loans
+    chunks, loans = maps.lend_namespaces(0, [], max_bytes=50)
+    assert [(c.parts, c.vectors) for c in chunks] == [([], {})] and loans == []

@@ -161,6 +161,19 @@ def test_failover_keeps_every_acknowledged_write(seed, fault):
         net.close()
 
 
+# Seeds that once failed, kept in the default run: (seed, fault, what was wrong).
+REGRESSIONS = [
+    (7, "join-then-kill", "a kill during a migration published the repaired row at the version "
+     "its destination had committed, then the failed migration's raise: two owners at one "
+     "version for a moment"),
+]
+
+
+@pytest.mark.parametrize(("seed", "fault", "bug"), REGRESSIONS)
+def test_seeds_that_once_failed(seed, fault, bug):
+    test_failover_keeps_every_acknowledged_write(seed, fault)
+
+
 @pytest.mark.soak
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("seed", range(6, 118))

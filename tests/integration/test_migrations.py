@@ -8,6 +8,7 @@ import pytest
 
 from grid.client.registry import pid_alive
 from tests.integration.test_failover import Writers, _assert_all_readable, _status, _wait
+from workers.member import DIE_ON_COMMIT_ENV
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -98,6 +99,29 @@ def test_the_master_killed_while_migrations_run(cluster_factory):
         writers.wait_for(300)
     assert not writers.failures, writers.failures
     assert len(status["members"]) == 3 and status["safe"] and _balanced(status), status
+    _assert_all_readable(cluster, writers.acked)
+
+
+def test_the_destination_killed_during_a_commit(cluster_factory, monkeypatch):
+    """The added member dies on its first commit, after taking the step and before its
+    answer leaves: the master fails the migration with the version raised past it, and
+    nothing acknowledged is lost."""
+    monkeypatch.setenv(DIE_ON_COMMIT_ENV, "member-3")
+    cluster = cluster_factory(members=3)
+    with Writers(cluster) as writers:
+        writers.wait_for(300)
+        cluster.cli("add-member")
+
+        def died() -> bool:
+            listed = [m for m in cluster.registry["members"] if m["name"] == "member-3"]
+            return not listed or not pid_alive(listed[0]["pid"])
+
+        _wait(died, what="member-3 to die on a commit")
+        status = _wait_safe(cluster)
+        writers.wait_for(300)
+    assert not writers.failures, writers.failures
+    assert {m["name"] for m in status["members"]} == {"member-0", "member-1", "member-2"}
+    assert status["safe"] and _balanced(status), status
     _assert_all_readable(cluster, writers.acked)
 
 

@@ -472,6 +472,8 @@ class StoreMachine(RuleBasedStateMachine):
         if self.hash_override is not None:
             record_store.key_hash = self.hash_override
         self.store = RecordStore(self.prefix, initial_segment_bytes=256, max_record_bytes=400)
+        self.peer_prefix = unique_prefix()
+        self.peer = RecordStore(self.peer_prefix, initial_segment_bytes=256)
         self.model: dict[tuple[int, str], dict[bytes, bytes]] = {}
         self.iterators: list[tuple[object, dict[bytes, bytes]]] = []
 
@@ -556,6 +558,36 @@ class StoreMachine(RuleBasedStateMachine):
         assert len(pairs) == len(snapshot)
         assert dict(pairs) == snapshot
 
+    @rule(
+        pid=pids,
+        namespace=namespaces,
+        chunk_bytes=st.integers(min_value=1, max_value=600),
+        writes=st.lists(st.tuples(keys_small, st.binary(max_size=60)), max_size=4),
+    )
+    def lend_to_a_peer(self, pid: int, namespace: str, chunk_bytes: int,
+                       writes: list[tuple[bytes, bytes]]) -> None:
+        """A migration's transfer: the peer gets the fragment as it was when lent, though
+        writes land meanwhile; or, if a write compacted the arena away, a clean failure."""
+        snapshot = dict(self.model.get((pid, namespace), {}))
+        loan = self.store.lend(pid, namespace)
+        if loan is None:
+            assert not snapshot
+            return
+        try:
+            for key, value in writes:
+                self.put(pid, namespace, key, value)
+            try:
+                for part in loan.chunks(chunk_bytes):
+                    self.peer.receive(pid, part)
+            except FileNotFoundError:
+                assert loan.segment.unlinked, "only a retired arena may be gone"
+                return
+            assert dict(self.peer.items(pid, namespace)) == snapshot
+            self.peer._check()
+        finally:
+            loan.release()
+            assert not self.store.loans
+
     @invariant()
     def sizes_and_fragments_agree(self) -> None:
         for (pid, namespace), fragment in self.model.items():
@@ -571,9 +603,12 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self.iterators.clear()
             self.store.close()
+            self.peer.close()
             assert list_segments(self.prefix) == []
+            assert list_segments(self.peer_prefix) == []
         finally:
             remove_segments(self.prefix)
+            remove_segments(self.peer_prefix)
             record_store.key_hash = self.hash_original
 
 

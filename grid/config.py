@@ -32,10 +32,11 @@ class GridConfig:
     migration_timeout: float = 300.0
     # Seconds the master waits between the end of one migration plan and the next.
     partition_migration_interval: float = 0.0
-    # Bytes of migration fragments a member has sent and not yet seen taken: past this it
-    # waits before it sends the next (one fragment always goes).
+    # Bytes of migration fragments a member has lent and not yet seen taken: past this it
+    # waits before it lends the next (one fragment always goes).
     migration_max_bytes_in_flight: int = 64 * 1024 * 1024
-    # Keys and values per migration message: a larger fragment goes in several.
+    # Record bytes a destination copies per migration message: a larger fragment takes
+    # several, so that heartbeats, backups and other partitions go on meanwhile.
     migration_chunk_bytes: int = 4 * 1024 * 1024
     # Seconds a gracefully leaving member waits for its replicas to move before it goes.
     graceful_shutdown_max_wait: float = 600.0

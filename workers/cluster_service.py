@@ -48,6 +48,9 @@ class ClusterService:
         self.local_endpoint_prefix = member.info.endpoint.rsplit(":", 1)[0] + ":"
         self.members = MemberList()
         self.table = PartitionTable(partition_count=self.config.partition_count)
+        # Master: the member list version and partition versions it last published, so that
+        # the next publish can carry only the rows that changed since.
+        self.published: tuple[int, tuple[int, ...]] | None = None
         self.state = ClusterState.ACTIVE
         # Members we hold for gone: reported dead by the supervisor, timed out by us as master
         # or as next in line, or given up for a claimant we follow. We refuse their publishes.
@@ -227,8 +230,13 @@ class ClusterService:
         """Take a published member list and table where they are newer than ours."""
         try:
             members = MemberList.from_wire(fields["members"])
-            table = PartitionTable.from_wire(fields["table"])
-        except (ValueError, KeyError, PartitionTableError) as exc:
+            if "rows" in fields:  # only the rows that changed: on our table, if newer
+                table = self.table.copy()
+                for pid, version, replicas in fields["rows"]:
+                    table.take_row(pid, version, replicas)
+            else:
+                table = PartitionTable.from_wire(fields["table"])
+        except (ValueError, KeyError, TypeError, PartitionTableError) as exc:
             log.warning("ignored a malformed view: %s", exc)
             return
         if table.partition_count != self.table.partition_count:
@@ -424,7 +432,21 @@ class ClusterService:
         self._publish()
 
     def _publish(self) -> None:
-        fields = self.view_fields()  # the table's wire form, built once for everyone
+        """Send our view to every member: the rows changed since the last publish where
+        that is a few (a migration's commit changes one), else the whole table. A member
+        that misses one heartbeats an old stamp and gets the whole view (``_on_heartbeat``)."""
+        versions = self.table.versions()
+        fields = None
+        if self.published is not None and self.published[0] == self.members.version:
+            changed = [pid for pid, (new, old) in enumerate(zip(versions, self.published[1],
+                                                                 strict=True)) if new != old]
+            if len(changed) <= self.table.partition_count // 8:
+                fields = {"members": self.members.to_wire(), "state": self.state.value,
+                          "rows": [[pid, versions[pid], list(self.table.replicas(pid))]
+                                   for pid in changed]}
+        if fields is None:
+            fields = self.view_fields()  # the table's wire form, built once for everyone
+        self.published = (self.members.version, versions)
         for m in self.members.members:
             if m.uuid != self.me:
                 self._publish_to(m.uuid, fields)

@@ -219,7 +219,8 @@ class MapService:
         op = header["op"]
         pid, ns = self._pid(header.get("pid")), self._ns(header)
         if not self._owns(pid):
-            self.member.reply_error(ident, header, p.WRONG_TARGET, f"not the owner of {pid}")
+            self.member.reply_error(ident, header, p.WRONG_TARGET, f"not the owner of {pid}",
+                                    rows=self._moved([pid]))
             return
         needs_value = op in (p.PUT, p.SET, p.PUT_IF_ABSENT, p.REPLACE)
         if len(frames) != (2 if needs_value else 1):
@@ -293,6 +294,18 @@ class MapService:
             return not self.member.migrations.migrating(pid)
         return True
 
+    def _moved(self, pids: list[int]) -> list[list[Any]]:
+        """Our rows of the partitions we do not own, [pid, version, replicas] each: a client
+        whose table is older goes straight to the new owner (as Redis Cluster's MOVED does)
+        instead of waiting and fetching the whole table."""
+        table = self.member.cluster.table
+        return [[pid, table.version(pid), list(table.replicas(pid))]
+                for pid in pids if not self._owns(pid)]
+
+    def _wrong(self, wrong: list[int]) -> dict[str, Any]:
+        """The reply fields for the partitions a batch did not serve here."""
+        return {"wrong": wrong, "rows": self._moved(wrong)} if wrong else {"wrong": wrong}
+
     def _split(self, pids: list[Any], write: bool) -> tuple[list[int], list[int]]:
         """The partitions served now, and the rest (not owned, or held by a migration):
         the client sends those again, as it does partitions that moved."""
@@ -330,7 +343,7 @@ class MapService:
         iid = self._iid(header)
         names = [ns, *extra_slots]
         ticket = Ticket([(pid, name) for pid in pids for name in names],
-                        [(ident, header.get("id"))], {"wrong": wrong})
+                        [(ident, header.get("id"))], self._wrong(wrong))
         fresh = []
         for pid in pids:
             if iid is None or (self.records.get(pid, iid) is NOT_RECORDED
@@ -399,13 +412,15 @@ class MapService:
                     parts.append(key)
                     parts.append(value)
                     found += 1
-        self._answer_after(ident, header, slots, [b"".join(parts)], wrong=wrong, n=found * 2)
+        self._answer_after(ident, header, slots, [b"".join(parts)], n=found * 2,
+                           **self._wrong(wrong))
 
     def _on_size(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         owned, wrong = self._split(self._pids(header), write=False)
-        self._answer_after(ident, header, [(pid, ns) for pid in owned], [], wrong=wrong,
-                           size=sum(self.store.size(pid, ns) for pid in owned))
+        self._answer_after(ident, header, [(pid, ns) for pid in owned], [],
+                           size=sum(self.store.size(pid, ns) for pid in owned),
+                           **self._wrong(wrong))
 
     def _on_entries(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         """Every entry of the asked partitions: per partition one frame, its serialized keys
@@ -418,7 +433,7 @@ class MapService:
             payload.append(data)
             counts.append(records * 2)  # items: a key and a value each
         self._answer_after(ident, header, [(pid, ns) for pid in owned], payload, pids=owned,
-                           counts=counts, wrong=wrong)
+                           counts=counts, **self._wrong(wrong))
 
     # -- replication: the owner's side -----------------------------------------------------
 

@@ -31,7 +31,7 @@ from grid.errors import (
     OperationTimeoutError,
     ProtocolError,
 )
-from grid.partition.table import PartitionTable
+from grid.partition.table import PartitionTable, PartitionTableError
 
 BACKOFF_S_MIN = 0.01
 BACKOFF_S_MAX = 0.5
@@ -221,6 +221,7 @@ class Invoker:
         maybe_applied = False
         write = op in p.WRITE_OPS
         for _attempt in itertools.count():
+            moved = False  # a member's hint moved one of our partitions on: retry at once
             if self.table is None:
                 self.refresh()
             by_owner: dict[str, list[int]] = defaultdict(list)
@@ -246,6 +247,8 @@ class Invoker:
                     maybe_applied = True
                     continue
                 header, frames = reply
+                if header.get("rows"):
+                    moved = self._take_rows(header["rows"]) or moved
                 if not header.get("ok"):
                     error = p.error_from_reply(header)
                     if not error.retryable:
@@ -262,6 +265,8 @@ class Invoker:
             if not retry:
                 return
             todo = sorted(retry)
+            if moved and all(self.owner_endpoint(pid) for pid in todo):
+                continue  # versions only rise, so this cannot go on for ever
             if time.monotonic() + backoff >= deadline:
                 error = IndeterminateOperationStateError if write and maybe_applied \
                     else OperationTimeoutError
@@ -273,6 +278,19 @@ class Invoker:
                 self.refresh(prefer_master=False)
             except ClusterNotRunningError as exc:
                 last = exc
+
+    def _take_rows(self, rows: Any) -> bool:
+        """Apply a member's rows of partitions it does not own; whether any was newer."""
+        if self.table is None or not isinstance(rows, list):
+            return False
+        moved = False
+        for row in rows:
+            try:
+                pid, version, replicas = row
+                moved = self.table.take_row(pid, version, replicas) or moved
+            except (TypeError, ValueError, PartitionTableError):
+                continue  # a malformed hint is only a hint
+        return moved
 
     def close(self) -> None:
         with self.lock:

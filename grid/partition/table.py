@@ -211,6 +211,15 @@ class PartitionTable:
             self._store(pid, row, self._versions[pid] + changed)
         return changed
 
+    def take_row(self, pid: int, version: int, replicas: Sequence[str | None]) -> bool:
+        """Take one partition's row at ``version`` if that is newer than ours (a member's
+        hint that the partition moved); return whether it was."""
+        self._check_pid(pid)
+        if not _is_int(version) or version <= self._versions[pid]:
+            return False
+        self._store(pid, _normalise_row(replicas), version)
+        return True
+
     def set_replica(self, pid: int, index: int, member: str | None) -> int:
         """Set one replica slot; the version rises by one if the slot changed."""
         self._check_pid(pid)

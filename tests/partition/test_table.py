@@ -379,3 +379,14 @@ def test_raise_version_moves_only_the_version():
         table.raise_version(1, 0)
     with pytest.raises(PartitionTableError):
         table.raise_version(1, True)
+
+
+def test_take_row_takes_only_a_newer_version():
+    table = PartitionTable(4)
+    table.set_replicas(1, ["a", "b"])
+    version = table.version(1)
+    assert not table.take_row(1, version, ["c"]), "the same version is not newer"
+    assert table.replicas(1)[:2] == ("a", "b")
+    assert table.take_row(1, version + 3, ["c", "a"])
+    assert table.replicas(1)[:3] == ("c", "a", None) and table.version(1) == version + 3
+    assert not table.take_row(1, True, ["d"])

@@ -107,10 +107,28 @@ def bench_store(keys: list[bytes], value: bytes, prefix: str) -> dict[str, float
 
         rates["remove"] = best_rate(n, remove_all, fill)
         fill()
+        peer = RecordStore(peer_prefix(prefix))
+        try:
+
+            def transfer() -> None:
+                """A migration's copy: lend the fragment, the peer takes it in chunks."""
+                loan = store.lend(pid, namespace)
+                for chunk in loan.chunks(4 << 20):
+                    peer.receive(pid, chunk)
+                loan.release()
+
+            rates["lend + receive (a migration's copy)"] = best_rate(
+                n, transfer, lambda: peer.drop_partition(pid))
+        finally:
+            peer.close()
         rates["shm MiB for the keys"] = store.shm_bytes() / (1 << 20)
     finally:
         store.close()
     return rates
+
+
+def peer_prefix(prefix: str) -> str:
+    return prefix[:-1] + "1"
 
 
 def bench_dict(keys: list[bytes], value: bytes) -> dict[str, float]:
@@ -147,7 +165,7 @@ def main() -> None:
     try:
         store_rates = bench_store(keys, value, prefix)
     finally:
-        leaked = remove_segments(prefix)
+        leaked = remove_segments(prefix) + remove_segments(peer_prefix(prefix))
     dict_rates = bench_dict(keys, value)
     for name, rate in store_rates.items():
         if name.startswith("shm MiB"):
@@ -156,6 +174,9 @@ def main() -> None:
         reference = dict_rates.get(name)
         ratio = f"  (dict: {reference:12,.0f} ops/s, x{rate / reference:.2f})" if reference else ""
         print(f"  {name:36s} {rate:12,.0f} ops/s{ratio}")
+        if name.startswith("lend"):
+            record_bytes = 8 + len(keys[0]) + len(value)
+            print(f"  {'':36s} {rate * record_bytes / 1e6:12,.0f} MB/s")
     if leaked or list_segments(prefix):
         print(f"LEAKED segments: {leaked}")
         sys.exit(1)

@@ -211,6 +211,7 @@ def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dic
                "safe": bool(master.get("safe")),
                # Owned partitions with no synchronous backup: their writes rest on one member.
                "unbacked": sum(r.get("unbacked") or 0 for r in rows),
+               "short_of_backups": master.get("short_of_backups") or 0,
                "migrations": master.get("migrations") or {}, "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
                                           "owned", "backups", "unbacked", "backup_backlog",
@@ -260,6 +261,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if lost:
         print(f"{lost} partitions lost every replica since this master took over; they are "
               f"available again, empty")
+    if summary["state"] in ("NO_MIGRATION", "FROZEN"):
+        idle = [r["name"] for r in rows
+                if not r.get("lite") and not r.get("owned") and not r.get("backups")]
+        print(f"{summary['state']}: no migration runs. Held back: "
+              f"{summary['short_of_backups']} partitions short of backups; members holding "
+              f"nothing: {', '.join(idle) or 'none'}. `shmgrid state ACTIVE` lets them run")
     if not summary["safe"]:
         print("not safe: some partitions lack their configured backups or are migrating")
     if summary["unbacked"]:
@@ -375,11 +382,32 @@ def cmd_stop_member(args: argparse.Namespace) -> int:
     return 0
 
 
+def _join_refusal(args: argparse.Namespace) -> str:
+    """Why the cluster would refuse a new member now (its state), or "" (a member that meets
+    a refusal anyway stops and says why in the cluster's log)."""
+    import grid
+    from grid.cluster.state import ClusterState
+
+    try:
+        with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
+            state = client.cluster.state
+    except GridError:
+        return ""  # the supervisor's answer tells
+    if state in ClusterState.__members__ and not ClusterState(state).join_allowed:
+        return (f"the cluster is {state}, which takes no new member; `shmgrid state ACTIVE` "
+                f"(or NO_MIGRATION) first")
+    return ""
+
+
 def cmd_add_member(args: argparse.Namespace) -> int:
     try:
         _, data = _registry(args)
     except ClusterNotRunningError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    refusal = _join_refusal(args)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
         return 1
     reply = _supervisor_call(data, p.ADD_MEMBER, timeout=60.0, lite=args.lite)
     if not reply or not reply.get("ok"):
@@ -391,6 +419,47 @@ def cmd_add_member(args: argparse.Namespace) -> int:
           + (" as a lite member" if m.get("lite") else ""))
     if not m.get("lite"):
         print("migrations now give it its share; `shmgrid wait-safe` waits for them")
+    return 0
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    """Print the cluster state, or change it on every member (all or nothing)."""
+    import grid
+
+    try:
+        with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
+            before = client.cluster.state
+            state = before
+            if args.state:
+                state = client.cluster.change_state(args.state, timeout=args.timeout)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"state": state, "before": before}))
+    elif args.state and before != state:
+        print(f"cluster state changed from {before} to {state}")
+    else:
+        print(state)
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    """Promote a lite member to a data member: it takes its share of the partitions."""
+    import grid
+
+    try:
+        with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
+            members = client.cluster.promote_member(args.member, timeout=args.timeout)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"members": [{"name": m.name, "uuid": m.uuid, "lite": m.lite}
+                                      for m in members]}))
+    else:
+        print(f"{args.member} is a data member now; migrations give it its share "
+              f"(`shmgrid wait-safe` waits for them)")
     return 0
 
 
@@ -465,6 +534,34 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--lite", action="store_true", help="a lite member (holds no partitions)")
     sp.set_defaults(func=cmd_add_member)
+
+    sp = sub.add_parser(
+        "state", help="print or change the cluster state",
+        description="Without STATE, print the cluster state. With it, change the state on "
+        "every member, all or nothing: ACTIVE (joins and migrations), NO_MIGRATION (joins, "
+        "but no rebalance and no re-creation of lost backups; promotions after a death go "
+        "on), FROZEN (no join, no migration, every operation served), PASSIVE (no join, no "
+        "migration, reads only). A change is refused while migrations are in flight, except "
+        "to PASSIVE, which waits for them up to --timeout.")
+    common(sp)
+    sp.add_argument("state", nargs="?", type=str.upper,
+                    choices=["ACTIVE", "NO_MIGRATION", "FROZEN", "PASSIVE"],
+                    help="the state to change to")
+    sp.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds a change may take (default 30)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=cmd_state)
+
+    sp = sub.add_parser(
+        "promote", help="make a lite member a data member",
+        description="Promote a lite member (started with `add-member --lite`): the master "
+        "makes it a data member and migrations give it its share of the partitions.")
+    common(sp)
+    sp.add_argument("member", help="member name (member-3) or uuid")
+    sp.add_argument("--timeout", type=float, default=10.0,
+                    help="seconds to keep asking while the master is busy (default 10)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=cmd_promote)
 
     sp = sub.add_parser("bench", help="measure put/get/put_all/get_all against a cluster")
     common(sp)

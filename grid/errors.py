@@ -96,6 +96,21 @@ class ClusterStateError(GridError):
         self.op, self.state = op, state
 
 
+class StateChangeError(GridError):
+    """A cluster state change did not happen (migrations in flight, a member that did not
+    lock it, members that changed meanwhile, time up); every member kept the old state, so
+    it is safe to ask again."""
+
+
+class IllegalMemberStateError(GridError):
+    """A promotion that cannot be: the member is a data member already, or the master changed
+    while it ran (ask again)."""
+
+
+class UnknownMemberError(GridError, ValueError):
+    """The master does not know the member named in a request."""
+
+
 class MemberIsLiteError(GridError):
     def __init__(self, member: str, op: str) -> None:
         super().__init__(

@@ -36,6 +36,12 @@ JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
 MIGRATE, FRAGMENT, COMMIT = "migrate", "fragment", "commit"
 # A member (or the CLI for it) asks the master to move its replicas away and remove it.
 LEAVE = "leave"
+# Cluster state changes: client → master, then master → every member (lock, then commit or
+# unlock); see grid/cluster/state_change.py.
+CHANGE_STATE, STATE_LOCK, STATE_COMMIT, STATE_UNLOCK = (
+    "change_state", "state_lock", "state_commit", "state_unlock")
+# Lite member promotion: client → the lite member, which asks the master (seed 000).
+PROMOTE_LOCAL, PROMOTE = "promote_local", "promote"
 # Supervisor → member.
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
@@ -44,7 +50,8 @@ FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
 # commands likewise): the header must carry the cluster secret in SECRET_FIELD.
 CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
                          JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE,
-                         MIGRATE, FRAGMENT, COMMIT, LEAVE})
+                         MIGRATE, FRAGMENT, COMMIT, LEAVE, CHANGE_STATE, STATE_LOCK,
+                         STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE})
 SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER})
 SECRET_FIELD = "k"
 
@@ -54,6 +61,7 @@ WRONG_TARGET, NOT_READY, MIGRATING, MEMBER_LEFT = (
 WRONG_CLUSTER, STATE, LITE, PROTOCOL, TOO_LARGE, SERVER = (
     "wrong_cluster", "state", "lite", "protocol", "too_large", "server")
 AUTH = "auth"
+STATE_CHANGE, ILLEGAL_STATE, UNKNOWN_MEMBER = "state_change", "illegal_state", "unknown_member"
 
 _CODE_CLASSES: dict[str, type[errors.GridError]] = {
     WRONG_TARGET: errors.WrongTargetError,
@@ -62,6 +70,9 @@ _CODE_CLASSES: dict[str, type[errors.GridError]] = {
     MEMBER_LEFT: errors.MemberLeftError,
     PROTOCOL: errors.ProtocolError,
     SERVER: errors.ServerError,
+    STATE_CHANGE: errors.StateChangeError,
+    ILLEGAL_STATE: errors.IllegalMemberStateError,
+    UNKNOWN_MEMBER: errors.UnknownMemberError,
 }
 
 

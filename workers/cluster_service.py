@@ -52,6 +52,7 @@ class ClusterService:
         # the next publish can carry only the rows that changed since.
         self.published: tuple[int, tuple[int, ...]] | None = None
         self.state = ClusterState.ACTIVE
+        self.state_version = 0  # rises with each committed state change (state_change.py)
         # Members we hold for gone: reported dead by the supervisor, timed out by us as master
         # or as next in line, or given up for a claimant we follow. We refuse their publishes.
         self.dead: set[str] = set()
@@ -83,6 +84,7 @@ class ClusterService:
         self.recovery_refused: set[str] = set()  # they still follow the master we gave up on
         self.recovery_tables: list[PartitionTable] = []
         self.recovery_versions: list[int] = []
+        self.recovery_states: list[tuple[int, ClusterState]] = []  # (state version, state)
         self.recovery_active: list[list[int]] = []  # [pid, initial, increment] unresolved
         # Master: the migrations that make the table what the data members should hold.
         self.driver = self._new_driver()
@@ -162,7 +164,28 @@ class ClusterService:
 
     def view_fields(self) -> dict[str, Any]:
         return {"members": self.members.to_wire(), "table": self.table.to_wire(),
-                "state": self.state.value}
+                "state": self.state.value, "sv": self.state_version}
+
+    @property
+    def is_lite(self) -> bool:
+        """Whether this member holds no partitions: as the member list says (a promotion
+        changes it), else as it started."""
+        me = self.members.get(self.me)
+        return me.lite if me is not None else self.member.info.lite
+
+    def short_of_backups(self) -> int:
+        """Partitions with fewer synchronous replicas than the data members allow (what a
+        state without migrations holds back)."""
+        want = 1 + min(self.config.backup_count, len(self.members.data_members) - 1)
+        return sum(1 for pid in range(self.table.partition_count)
+                   if sum(r is not None for r in self.table.replicas(pid)[:want]) < want)
+
+    def take_state(self, state: ClusterState, version: int) -> None:
+        """Take a committed cluster state that is newer than ours (state_change.py)."""
+        if version > self.state_version:
+            log.info("cluster state %s -> %s", self.state, state)
+            self.state, self.state_version = state, version
+            self.plan_wanted = True
 
     # -- start and join --------------------------------------------------------------------
 
@@ -191,6 +214,12 @@ class ClusterService:
         if header is None or self.joined:
             return
         if not header.get("ok"):
+            if header.get("code") == p.STATE:
+                log.error("the cluster is %s, which takes no new member; this member stops. "
+                          "`shmgrid state ACTIVE` (or NO_MIGRATION) lets members join",
+                          header.get("state"))
+                self.member.running = False
+                return
             master = header.get("master")
             if isinstance(master, str) and master not in self.join_endpoints:
                 self.join_endpoints.append(master)
@@ -250,9 +279,10 @@ class ClusterService:
                 self.member.running = False
                 return
             newer = members
-        state = fields.get("state")
-        if isinstance(state, str) and state in ClusterState.__members__:
-            self.state = ClusterState(state)
+        state, version = fields.get("state"), fields.get("sv")
+        if isinstance(state, str) and state in ClusterState.__members__ and \
+                isinstance(version, int):
+            self.take_state(ClusterState(state), version)
         self._adopt(newer, table)
 
     def _adopt(self, members: MemberList | None, table: PartitionTable) -> None:
@@ -366,6 +396,7 @@ class ClusterService:
                 self.member.request_peer(endpoint, p.PUBLISH, self.view_fields(), [],
                                          lambda h, f: None, timeout=1.0)
         elif header.get("mv") != self.members.version or \
+                header.get("sv") != self.state_version or \
                 header.get("stamp") != self.table.stamp():
             self._publish_to(sender)  # a member that missed a publish catches up here
 
@@ -407,8 +438,7 @@ class ClusterService:
         if not self.is_master:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
-        self.state = state
-        self.plan_wanted = True
+        self.take_state(state, self.state_version + 1)  # the supervisor's, while stopping
         self._publish()
         self.member.reply_ok(ident, header, state=state.value)
 
@@ -430,6 +460,32 @@ class ClusterService:
         """Master only: adopt a new member list and table locally, then publish both."""
         self._adopt(members if members is not self.members else None, table)
         self._publish()
+        self.member.states.members_changed(self.members.version)
+
+    def publish_view(self) -> None:
+        """Master: publish the view now (a committed state change goes with it)."""
+        self._publish()
+
+    def hold_migrations(self) -> None:
+        """Master: start no more migrations of the current plan (those running end)."""
+        self._run_commands(self.driver.members_changed(self.table, set(), self.member.now()))
+
+    def promote(self, uuid: str) -> None:
+        """Master: make lite member ``uuid`` a data member (seed 000): a new member list,
+        published, and a rebalance planned."""
+        log.info("promoting %s to a data member", self.members.get(uuid).name)
+        self._change_view(self.members.promoted(uuid), self.table)
+        self.plan_wanted = True
+
+    def take_members(self, members: MemberList, master: str) -> bool:
+        """A promoted lite member takes the list its master returned; False when that master
+        is not ours any more, or the list does not make us a data member."""
+        if members.master is None or members.master.uuid != master or \
+                self.members.master is None or self.members.master.uuid != master:
+            return False
+        if members.version > self.members.version:
+            self._adopt(members, self.table)
+        return not self.is_lite
 
     def _publish(self) -> None:
         """Send our view to every member: the rows changed since the last publish where
@@ -441,9 +497,10 @@ class ClusterService:
             changed = [pid for pid, (new, old) in enumerate(zip(versions, self.published[1],
                                                                  strict=True)) if new != old]
             if len(changed) <= self.table.partition_count // 8:
+                rows = [[pid, versions[pid], list(self.table.replicas(pid))]
+                        for pid in changed]
                 fields = {"members": self.members.to_wire(), "state": self.state.value,
-                          "rows": [[pid, versions[pid], list(self.table.replicas(pid))]
-                                   for pid in changed]}
+                          "sv": self.state_version, "rows": rows}
         if fields is None:
             fields = self.view_fields()  # the table's wire form, built once for everyone
         self.published = (self.members.version, versions)
@@ -510,9 +567,9 @@ class ClusterService:
             self.next_plan = now + max(self.config.partition_migration_interval, pause)
         staying = [u for u in self.members.data_members if u not in self.leaving]
         if self.plan_wanted and not self.driver.active and now >= self.next_plan and \
-                self.table.is_assigned() and self.state.migration_allowed:
+                self.table.is_assigned() and not self.member.states.holds_migrations:
             self.plan_wanted = False
-            self._run_commands(self.driver.start(self.table, staying, now))
+            self._run_commands(self.driver.start(self.table, staying, now, self.state))
         self._let_go(staying)
 
     def _let_go(self, staying: list[str]) -> None:
@@ -654,6 +711,7 @@ class ClusterService:
         self.recovery_waiting = {u for u in self.members.uuids
                                  if u != self.me and u not in self.dead}
         self.recovery_tables, self.recovery_versions = [], []
+        self.recovery_states = []
         self.recovery_active = []
         self.recovery_refused = set()
         self.next_fetch = 0.0
@@ -708,6 +766,9 @@ class ClusterService:
             try:
                 self.recovery_tables.append(PartitionTable.from_wire(header["table"]))
                 self.recovery_versions.append(MemberList.from_wire(header["members"]).version)
+                state, version = header.get("state"), header.get("sv")
+                if state in ClusterState.__members__ and isinstance(version, int):
+                    self.recovery_states.append((version, ClusterState(state)))
                 self.recovery_active += [a for a in header.get("active") or []
                                          if isinstance(a, list) and len(a) == 3
                                          and all(isinstance(x, int) for x in a)]
@@ -727,6 +788,10 @@ class ClusterService:
                                 [*self.recovery_active, *self.member.migrations.active()])
         self._report_lost(gone, table)
         table = remove_members(table, gone, members.data_members, self.config.backup_count)
+        # A state change that some member committed was decided (every member had locked
+        # it): the newest committed state is the cluster's (grid/cluster/state_change.py).
+        for version, state in self.recovery_states:
+            self.take_state(state, version)
         self.recovering = False
         self.driver = self._new_driver()
         self.plan_wanted = True
@@ -814,7 +879,7 @@ class ClusterService:
         heartbeat number, and the newest number we heard from the peer (its lease)."""
         header = p.request(p.HEARTBEAT, 0, self.config.cluster_name, **{
             "from": self.me, p.SECRET_FIELD: self.config.cluster_secret,
-            "mv": self.members.version, "stamp": self.table.stamp(),
+            "mv": self.members.version, "stamp": self.table.stamp(), "sv": self.state_version,
             "endpoint": self.member.info.endpoint,
             "n": self.lease.next_heartbeat(self.member.now()),
             "echo": self.heard_number.get(uuid)})

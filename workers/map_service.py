@@ -115,7 +115,7 @@ class MapService:
 
     def _refusal(self, op: str, write: bool) -> tuple[str, str, dict[str, Any]] | None:
         cluster = self.member.cluster
-        if self.member.info.lite:
+        if cluster.is_lite:
             return p.LITE, "lite member", {"member": self.member.name, "op": op}
         if not cluster.ready:
             return p.NOT_READY, "partitions are not assigned yet", {}

@@ -163,11 +163,13 @@ class Member(Node):
         owned, backups = self.cluster.replica_counts()
         self.reply_ok(
             ident, header, name=self.name, uuid=self.info.uuid, pid=self.info.pid,
-            endpoint=self.info.endpoint, lite=self.info.lite, master=self.cluster.is_master,
+            endpoint=self.info.endpoint, lite=self.cluster.is_lite, master=self.cluster.is_master,
             owned=owned, backups=backups, shm_bytes=self.store.shm_bytes(),
             rss=self.process.memory_info().rss, state=self.cluster.state.value,
             safe=self.cluster.is_safe(), unbacked=self.maps.unbacked_partitions(),
             migrations=self.cluster.migration_status() if self.cluster.is_master else None,
+            short_of_backups=self.cluster.short_of_backups() if self.cluster.is_master
+            else None,
             sent_entries=self.migrations.sent_entries, sent_bytes=self.migrations.sent_bytes,
             # Backup operations sent and not yet acknowledged (a slow or hung backup grows it).
             backup_backlog=self.maps.streams.unacked_count(),

@@ -20,6 +20,7 @@ from workers.cluster_service import ClusterService
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
 from workers.record_store import RecordStore
+from workers.state_service import StateService
 
 log = logging.getLogger("shmgrid.member")
 
@@ -43,10 +44,12 @@ class Node:
         self.cluster = ClusterService(self, join_endpoints)
         self.maps = MapService(self)
         self.migrations = MigrationService(self)
+        self.states = StateService(self)
         self.handlers: dict[str, Handler] = {p.PING: self._on_ping}
         self.handlers.update(self.cluster.handlers())
         self.handlers.update(self.maps.handlers())
         self.handlers.update(self.migrations.handlers())
+        self.handlers.update(self.states.handlers())
 
     # -- provided by the transport ---------------------------------------------------------
 
@@ -160,6 +163,7 @@ class Node:
         self.cluster.tick(now)
         self.maps.tick(now)
         self.migrations.tick(now)
+        self.states.tick(now)
 
     def _on_ping(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.reply_ok(ident, header, cluster=self.config.cluster_name, uuid=self.info.uuid,

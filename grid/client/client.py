@@ -3,6 +3,8 @@ each key to the owner of its partition."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +13,31 @@ from grid.client import registry
 from grid.client.events import EventListeners, Listener
 from grid.client.invocation import Invoker
 from grid.client.map import Map
-from grid.cluster.membership import MemberInfo
+from grid.cluster.membership import MemberInfo, MemberList
 from grid.cluster.repair import is_cluster_safe
+from grid.cluster.state import ClusterState
 from grid.config import GridConfig
-from grid.errors import ClusterNotRunningError, WrongClusterNameError
+from grid.errors import (
+    ClusterNotRunningError,
+    NotReadyError,
+    OperationTimeoutError,
+    UnknownMemberError,
+    WrongClusterNameError,
+)
 from grid.serialization import partition_id_of, serialize_key
+
+ANSWER_MARGIN_S = 5.0  # beyond a state change's own timeout, for its answer to come
 
 
 class ClusterView:
     """What the client knows of the cluster; ``refresh`` asks the members again."""
 
-    def __init__(self, invoker: Invoker, backup_count: int) -> None:
+    def __init__(self, invoker: Invoker, backup_count: int, secret: str,
+                 local: str | None) -> None:
         self._invoker = invoker
         self._backup_count = backup_count
+        self._secret = secret  # for the calls only members and the cluster's owner may make
+        self._local = local  # the member this client was connected to by address, if any
         self._listeners: EventListeners | None = None
 
     def add_migration_listener(self, listener: Listener) -> None:
@@ -61,9 +75,76 @@ class ClusterView:
 
     @property
     def state(self) -> str:
+        """The cluster state (ACTIVE, NO_MIGRATION, FROZEN or PASSIVE), as the master says."""
         master = self.master
         status = self.member_status(master) if master else None
         return status.get("state", "UNKNOWN") if status else "UNKNOWN"
+
+    def change_state(self, state: str, timeout: float = 30.0) -> str:
+        """Change the cluster state on every member, all or nothing (seed 000). Refused with
+        StateChangeError while migrations are in flight, except a change to PASSIVE, which
+        waits up to ``timeout`` seconds for them to end; also when a member does not lock
+        the change or the members change meanwhile. Returns the state now in force."""
+        state = str(state).upper()
+        if state not in ClusterState.__members__:
+            raise ValueError(f"a cluster state is one of {', '.join(ClusterState)}; got "
+                             f"{state!r}")
+        header = self._control(self._master_endpoint, p.CHANGE_STATE,
+                               timeout + ANSWER_MARGIN_S, state=state, timeout=timeout)
+        return header["state"]
+
+    def promote_member(self, member: str, timeout: float = 10.0) -> list[MemberInfo]:
+        """Make lite member ``member`` (a name or uuid) a data member; it asks the master,
+        which publishes the new member list and rebalances (seed 000). Raises
+        IllegalMemberStateError if it is a data member already or the master changed
+        meanwhile (ask again), UnknownMemberError if the master does not know it."""
+        def endpoint() -> str:
+            for m in self.members:
+                if member in (m.name, m.uuid):
+                    return m.endpoint
+            raise UnknownMemberError(f"no member is named {member!r}")
+        return self._promoted(self._control(endpoint, p.PROMOTE_LOCAL, timeout))
+
+    def promote_local_member(self, timeout: float = 10.0) -> list[MemberInfo]:
+        """``promote_member`` for the member this client was connected to by address (seed
+        000's promoteLocalMember)."""
+        if self._local is None:
+            raise ValueError("promote_local_member needs a client connected to a member by "
+                             "address: grid.connect('tcp://127.0.0.1:PORT')")
+        return self._promoted(self._control(lambda: self._local, p.PROMOTE_LOCAL, timeout))
+
+    def _promoted(self, header: dict[str, Any]) -> list[MemberInfo]:
+        self._invoker.refresh(prefer_master=False)
+        return list(MemberList.from_wire(header["members"]).members)
+
+    def _master_endpoint(self) -> str:
+        self._invoker.refresh()
+        master = self._invoker.members.master
+        if master is None:
+            raise NotReadyError("the cluster has no master right now")
+        return master.endpoint
+
+    def _control(self, endpoint: Callable[[], str], op: str, wait_s: float,
+                 **fields: Any) -> dict[str, Any]:
+        """A control call with the cluster secret, sent again while the answer is
+        retryable (not the master, a mastership claim in progress) until ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        backoff = 0.05
+        while True:
+            reply = self._invoker.call(endpoint(), op, {**fields, p.SECRET_FIELD: self._secret},
+                                       timeout=max(0.1, deadline - time.monotonic()))
+            if reply is None:  # perhaps done: a resend could meet the first attempt
+                raise OperationTimeoutError(op, wait_s)
+            header = reply[0]
+            if header.get("ok"):
+                return header
+            error = p.error_from_reply(header)
+            if not error.retryable:
+                raise error
+            if time.monotonic() + backoff >= deadline:
+                raise error
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
 
     def member_status(self, member: MemberInfo, timeout: float = 2.0) -> dict[str, Any] | None:
         """What a member reports of itself (partitions, memory, role, cluster state), or None
@@ -85,7 +166,7 @@ class ClusterView:
 class Client:
     def __init__(self, seeds: list[str], cluster_name: str | None, invocation_timeout: float,
                  attempt_timeout: float, max_value_bytes: int, backup_count: int,
-                 where: str) -> None:
+                 where: str, secret: str = "", local: str | None = None) -> None:
         self._invoker = Invoker(seeds, cluster_name, invocation_timeout, attempt_timeout)
         self.max_value_bytes = max_value_bytes
         try:
@@ -96,7 +177,7 @@ class Client:
         if cluster_name and self._invoker.cluster_name != cluster_name:
             self._invoker.close()
             raise WrongClusterNameError(cluster_name, self._invoker.cluster_name, where)
-        self.cluster = ClusterView(self._invoker, backup_count)
+        self.cluster = ClusterView(self._invoker, backup_count, secret, local)
         self._maps: dict[str, Map] = {}
 
     @property
@@ -143,8 +224,9 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
     config = config or GridConfig.load(
         **({"cluster_name": cluster_name} if cluster_name else {}))
     timeout = invocation_timeout if invocation_timeout is not None else config.invocation_timeout
+    secret, local = config.cluster_secret, None
     if address:
-        seeds, where = [address], address
+        seeds, where, local = [address], address, address
     else:
         path = Path(registry_path) if registry_path else registry.registry_path(
             cluster_name or config.cluster_name, config.registry_dir)
@@ -156,5 +238,8 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
         backup = data.get("config", {}).get("backup_count")
         if isinstance(backup, int):
             config = config.replace(backup_count=backup)
+        # The registry file is readable by the cluster's owner alone (0600): whoever reads
+        # it may change the cluster's state or promote members, as the shmgrid command does.
+        secret = data.get("config", {}).get("cluster_secret") or secret
     return Client(seeds, cluster_name, timeout, min(config.attempt_timeout, timeout),
-                  config.max_value_bytes, config.backup_count, where)
+                  config.max_value_bytes, config.backup_count, where, secret, local)

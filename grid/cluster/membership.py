@@ -76,6 +76,16 @@ class MemberList:
             return self
         return MemberList(self.version + 1, kept)
 
+    def promoted(self, uuid: str) -> MemberList:
+        """The list with lite member ``uuid`` made a data member, version + 1 (seed 000)."""
+        info = self.get(uuid)
+        if info is None:
+            raise ValueError(f"member {uuid} is not in the list")
+        if not info.lite:
+            raise ValueError(f"member {uuid} is a data member already")
+        members = tuple(replace(m, lite=False) if m.uuid == uuid else m for m in self.members)
+        return MemberList(self.version + 1, members)
+
     def with_version(self, version: int) -> MemberList:
         return replace(self, version=version)
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grid.cluster.state import ClusterState
 from grid.partition.assignment import assign
 from grid.partition.migration_plan import MigrationPlan, plan_repartition, source_side
 from grid.partition.planner import Migration, apply_migration
@@ -142,10 +143,11 @@ class MigrationDriver:
     def target(self, table: PartitionTable, data_members: Sequence[str]) -> PartitionTable:
         return assign(table, list(data_members), self.backup_count)
 
-    def start(self, table: PartitionTable, data_members: Sequence[str],
-              now: float) -> list[Command]:
-        """Plan from ``table`` towards the balanced target, if they differ and no plan runs."""
-        if self.plan is not None or not data_members:
+    def start(self, table: PartitionTable, data_members: Sequence[str], now: float,
+              state: ClusterState) -> list[Command]:
+        """Plan from ``table`` towards the balanced target, if they differ, no plan runs and
+        the cluster ``state`` allows migrations (seed 000: never by the state's name)."""
+        if self.plan is not None or not data_members or not state.migration_allowed:
             return []
         target = self.target(table, data_members)
         if all(target.replicas(pid) == table.replicas(pid)

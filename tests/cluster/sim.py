@@ -158,6 +158,13 @@ class SimNetwork:
                     if rows.setdefault((pid, version), row) != row:
                         self.violation(f"{node.name}: partition {pid} at version {version} "
                                        f"has rows {rows[(pid, version)]} and {row}")
+            # A state version means one cluster state (grid/cluster/state_change.py).
+            states: dict[int, Any] = {}
+            for node in self.alive():
+                cluster = node.cluster
+                if states.setdefault(cluster.state_version, cluster.state) != cluster.state:
+                    self.violation(f"{node.name}: state version {cluster.state_version} means "
+                                   f"{states[cluster.state_version]} and {cluster.state}")
             # Among the members that run (zombies included), a version means one list: two
             # masters may never each publish a list of their own under one number.
             lists: dict[int, tuple[str, ...]] = {}
@@ -212,8 +219,8 @@ class SimNetwork:
 
     # -- nodes -----------------------------------------------------------------------------
 
-    def add_node(self, join: list[str]) -> SimNode:
-        node = SimNode(self, f"member-{len(self.nodes)}", join)
+    def add_node(self, join: list[str], lite: bool = False) -> SimNode:
+        node = SimNode(self, f"member-{len(self.nodes)}", join, lite)
         self._stores.append(node.store)
         self.nodes[node.info.endpoint] = node
         node.cluster.start()
@@ -285,7 +292,7 @@ def _close_stores(stores: list[Any]) -> None:
 
 
 class SimNode(Node):
-    def __init__(self, net: SimNetwork, name: str, join: list[str]) -> None:
+    def __init__(self, net: SimNetwork, name: str, join: list[str], lite: bool = False) -> None:
         self.net = net
         self.peers: dict[str, str] = {}  # key -> endpoint
         self.alive = True
@@ -296,7 +303,7 @@ class SimNode(Node):
         # survive
         self.held: list[Callable[[], None]] = []
         info = MemberInfo(str(uuid.UUID(int=net.rng.getrandbits(128))), name,
-                          f"sim://{name}", 1000 + len(net.nodes))
+                          f"sim://{name}", 1000 + len(net.nodes), lite)
         super().__init__(net.config, info, join)
 
     def now(self) -> float:

@@ -27,6 +27,7 @@ from grid.cluster.migrations import (
     migration_to_wire,
 )
 from grid.cluster.repair import initial_assignment, remove_members
+from grid.cluster.state import ClusterState
 from grid.partition.assignment import assign, is_balanced, replica_count_for
 from grid.partition.migration_plan import plan_repartition, source_side
 from grid.partition.planner import Migration, apply_migration, is_cyclic
@@ -34,6 +35,8 @@ from grid.partition.table import PartitionTable
 
 MEMBERS = [f"m{k}" for k in range(8)]
 TIMEOUT = 100.0
+
+ACTIVE = ClusterState.ACTIVE
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -85,7 +88,7 @@ def started(kind: str = "join", members: int = 3, partitions: int = 13, backups:
     """A driver that started a plan; returns it, the master's table and the Transfers."""
     table, data = scenario(kind, members, partitions, backups)
     driver = MigrationDriver(backups, max_parallel, TIMEOUT)
-    commands = driver.start(table, data, now)
+    commands = driver.start(table, data, now, ACTIVE)
     for new in tables(commands):
         table = new
     sent = transfers(commands)
@@ -100,7 +103,7 @@ def started(kind: str = "join", members: int = 3, partitions: int = 13, backups:
 def test_start_with_the_target_table_returns_nothing_and_stays_inactive(backups):
     table = assigned(4, 31, backups)
     driver = MigrationDriver(backups, 2, TIMEOUT)
-    assert driver.start(table, MEMBERS[:4], 0.0) == []
+    assert driver.start(table, MEMBERS[:4], 0.0, ACTIVE) == []
     assert not driver.active
     assert driver.running == {}
     assert not driver.take_ended()
@@ -108,13 +111,13 @@ def test_start_with_the_target_table_returns_nothing_and_stays_inactive(backups)
 
 def test_start_without_data_members_returns_nothing():
     driver = MigrationDriver(1, 2, TIMEOUT)
-    assert driver.start(assigned(3, 7, 1), [], 0.0) == []
+    assert driver.start(assigned(3, 7, 1), [], 0.0, ACTIVE) == []
     assert not driver.active
 
 
 def test_start_while_a_plan_runs_returns_nothing():
     driver, table, _ = started()
-    assert driver.start(table, MEMBERS[:4], 1.0) == []
+    assert driver.start(table, MEMBERS[:4], 1.0, ACTIVE) == []
     assert driver.active
 
 
@@ -128,7 +131,7 @@ def test_start_after_a_removal_assigns_lost_owners_at_once_then_transfers():
     assert all(table.owner(pid) is None for pid in lost)
     data = ["m0", "m2"]
     driver = MigrationDriver(0, 2, TIMEOUT)
-    commands = driver.start(table, data, 0.0)
+    commands = driver.start(table, data, 0.0, ACTIVE)
     assert isinstance(commands[0], NewTable)
     new = commands[0].table
     target = assign(table, data, 0)
@@ -148,7 +151,7 @@ def test_start_after_a_leave_that_lowers_the_replica_count_removes_slots_at_once
     # Three members, two backups; m1 leaves: two replicas per partition remain wanted.
     table, data = scenario("leave", 3, 13, 2)
     driver = MigrationDriver(2, 1, TIMEOUT)
-    commands = driver.start(table, data, 0.0)
+    commands = driver.start(table, data, 0.0, ACTIVE)
     plan = plan_repartition(table, assign(table, data, 2))
     assert plan.removals
     expected = table.copy()
@@ -167,7 +170,7 @@ def test_start_applies_removals_and_lost_owners_only_and_launches_bounded_transf
         kind, members, partitions, backups, max_parallel):
     table, data = scenario(kind, members, partitions, backups)
     driver = MigrationDriver(backups, max_parallel, TIMEOUT)
-    commands = driver.start(table, data, 5.0)
+    commands = driver.start(table, data, 5.0, ACTIVE)
     target = assign(table, data, backups)
     if all(target.replicas(p) == table.replicas(p) for p in range(partitions)):
         assert commands == [] and not driver.active
@@ -448,7 +451,7 @@ def test_a_removal_during_the_commit_phase_does_not_lose_the_committed_step():
     table = PartitionTable(1)
     table.set_replicas(0, ["a", "b", "c"])
     driver = MigrationDriver(2, 2, TIMEOUT)
-    [t] = driver.start(table, ["a", "b", "d"], 0.0)
+    [t] = driver.start(table, ["a", "b", "d"], 0.0, ACTIVE)
     assert t.migration == Migration("c", 2, -1, "d", -1, 2, 0)
     assert driver.transferred(t.mid, True, table, 1.0) == [Commit(t.mid, t.migration, 3)]
     # The destination commits: [a, b, d] at version 4.
@@ -598,7 +601,7 @@ class Shell:
         then in order and ok), and plan again while the driver ends short of the target."""
         while True:
             self.target = assign(self.table, self.data, self.backups)
-            self.run(self.driver.start(self.table, self.data, self.now))
+            self.run(self.driver.start(self.table, self.data, self.now, ACTIVE))
             self.rounds += 1
             if not self.driver.active and not self.requests:
                 # Nothing planned (the table is the target), or a plan that ended at once:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 
 from grid.cluster.reply_order import ReplyOrder, Ticket
-from tests.cluster import test_simulation, test_write_path
+from grid.cluster.state import ClusterState
+from grid.cluster.state_change import StateChange
+from tests.cluster import test_simulation, test_state_change_sim, test_write_path
 from workers.cluster_service import ClusterService
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
+from workers.state_service import StateService
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -138,3 +141,35 @@ def test_one_partition_version_with_two_rows_is_caught_at_the_step(make_cluster)
     net.views.pop(node.name)  # the check runs when a view changes; this one just did
     net.check_step()
     assert any("partition 0 at version" in v for v in net.violations), net.violations
+
+
+def state_change_caught(races: list[str], seeds: range) -> str | None:
+    for seed in seeds:
+        for race in races:
+            try:
+                test_state_change_sim.run_race(seed, race)
+            except AssertionError as failure:
+                return f"seed {seed}, {race}: {failure}"
+    return None
+
+
+def test_members_that_take_the_state_when_they_lock_are_caught(monkeypatch):
+    original = StateService._on_lock
+
+    def take_early(self, ident, header, frames):
+        original(self, ident, header, frames)
+        cluster = self.member.cluster
+        cluster.take_state(ClusterState(header["state"]), cluster.state_version + 1)
+
+    monkeypatch.setattr(StateService, "_on_lock", take_early)
+    assert state_change_caught(["lost-lock", "kill", "hang"], range(4))
+
+
+def test_a_master_that_commits_without_every_lock_is_caught(monkeypatch):
+    original = StateChange.lock_answered
+
+    def commit_anyway(self, uuid, ok, why=""):
+        return original(self, uuid, True, why)
+
+    monkeypatch.setattr(StateChange, "lock_answered", commit_anyway)
+    assert state_change_caught(["lost-lock", "hang"], range(4))

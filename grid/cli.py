@@ -33,7 +33,10 @@ def _config(args: argparse.Namespace) -> GridConfig:
         backup_count=getattr(args, "backup_count", None),
         partition_count=getattr(args, "partition_count", None),
         heartbeat_interval=getattr(args, "heartbeat_interval", None),
-        heartbeat_timeout=getattr(args, "heartbeat_timeout", None))
+        heartbeat_timeout=getattr(args, "heartbeat_timeout", None),
+        persistence_dir=os.path.abspath(args.data_dir) if getattr(args, "data_dir", None)
+        else None,
+        persistence_fsync=getattr(args, "fsync", None))
 
 
 def _registry(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
@@ -491,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without heartbeat before a member is removed (default 10)")
     sp.add_argument("--config", help="a TOML file with configuration keys")
+    sp.add_argument("--data-dir", help="hot restart: each member writes every mutation under "
+                    "DIR/<member>/, and a start on a DIR that holds members' folders restarts "
+                    "them from their files (persistence_dir)")
+    sp.add_argument("--fsync", choices=["always", "interval", "never"],
+                    help="with --data-dir: fsync before a write is acknowledged (always), "
+                    "every persistence_fsync_interval (interval, the default), or never")
     sp.add_argument("--detach", action="store_true",
                     help="run in the background; stop with `shmgrid stop`")
     sp.set_defaults(func=cmd_start)

@@ -51,6 +51,15 @@ class GridConfig:
     max_message_bytes: int = 512 * 1024 * 1024
     host: str = "127.0.0.1"
     registry_dir: str = ""
+    # Hot restart (seed 003): each member writes every mutation of every replica it holds to
+    # persistence_dir/<member name>/, and a cluster started on that folder loads it back.
+    # Empty: nothing is written.
+    persistence_dir: str = ""
+    # When a write counts as on disk: "always" (fsync before the owner acknowledges it),
+    # "interval" (fsync every persistence_fsync_interval seconds; a crash of the whole host
+    # loses at most that window), "never" (the OS decides).
+    persistence_fsync: str = "interval"
+    persistence_fsync_interval: float = 0.05
     # Control messages (member list changes, state, shutdown, fences) carry this; the supervisor
     # creates one at start when none is set, and keeps it in the registry file (mode 0600).
     cluster_secret: str = field(default="", repr=False)
@@ -72,6 +81,11 @@ class GridConfig:
         if not self.cluster_name or not all(c.isalnum() or c in "_." for c in self.cluster_name):
             errors.append(
                 f"cluster_name {self.cluster_name!r} must be letters, digits, '_' or '.'")
+        if self.persistence_fsync not in ("always", "interval", "never"):
+            errors.append(f"persistence_fsync must be always, interval or never, not "
+                          f"{self.persistence_fsync!r}")
+        if self.persistence_fsync_interval <= 0:
+            errors.append("persistence_fsync_interval must be positive")
         if errors:
             raise ValueError("invalid configuration: " + "; ".join(errors))
 

@@ -40,6 +40,22 @@ class StartupError(RuntimeError):
     """The cluster could not be started; the message says why."""
 
 
+def restart_names(persistence_dir: str) -> list[str]:
+    """The members whose folders ``persistence_dir`` holds (a member's identity file in
+    it), oldest first: the order of the newest member list among them."""
+    if not persistence_dir or not os.path.isdir(persistence_dir):
+        return []
+    names = sorted(n for n in os.listdir(persistence_dir)
+                   if os.path.isfile(os.path.join(persistence_dir, n, "meta", "identity.meta")))
+    return sorted(names, key=_index)
+
+
+def _index(name: str) -> int:
+    """member-7 -> 7 (members are numbered in the order they were started)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 @dataclass
 class MemberProcess:
     name: str
@@ -99,11 +115,13 @@ class Supervisor:
     def _join_endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members.values() if m.endpoint and not m.fenced]
 
-    def spawn_members(self, count: int, lite: bool = False) -> list[MemberProcess]:
-        """Start ``count`` members in parallel and wait until each reports its endpoint.
-        On a failure the members of the batch that are still starting stay in
-        ``self.starting``, where shutdown() stops them."""
-        entries = [self._start_member(lite) for _ in range(count)]
+    def spawn_members(self, count: int, lite: bool = False,
+                      names: list[str] | None = None) -> list[MemberProcess]:
+        """Start ``count`` members (or those ``names``) in parallel and wait until each
+        reports its endpoint. On a failure the members of the batch that are still starting
+        stay in ``self.starting``, where shutdown() stops them."""
+        entries = [self._start_member(lite, name=name) for name in names] if names else \
+            [self._start_member(lite) for _ in range(count)]
         for entry in entries:
             if not entry.ready.poll(max(0.0, entry.deadline - time.monotonic())):
                 self._abandon(entry)
@@ -117,10 +135,13 @@ class Supervisor:
         self.write_registry()
         return [entry.member for entry in entries]
 
-    def _start_member(self, lite: bool, requester: tuple[bytes, Any] | None = None) -> Starting:
-        """Start one member process; it is in ``self.starting`` until it reports."""
-        name = f"member-{self.next_index}"
-        self.next_index += 1
+    def _start_member(self, lite: bool, requester: tuple[bytes, Any] | None = None,
+                      name: str | None = None) -> Starting:
+        """Start one member process (a new name, or ``name`` restarting from its folder);
+        it is in ``self.starting`` until it reports."""
+        if name is None:
+            name = f"member-{self.next_index}"
+            self.next_index += 1
         receiver, sender = self.mp.Pipe(duplex=False)
         proc = self.mp.Process(
             target=run_member, name=name, daemon=False,
@@ -203,6 +224,8 @@ class Supervisor:
             view = self._ask(master, p.TABLE)
             if view and view.get("ok") and len(view["members"][1]) >= expected:
                 reply = self._ask(master, p.FORM)
+                if reply and reply.get("refused"):
+                    raise StartupError(reply["refused"])
                 if reply and reply.get("assigned") and self._members_agree():
                     return
             time.sleep(0.05)
@@ -236,10 +259,22 @@ class Supervisor:
     def start(self) -> None:
         """Start the configured members and wait until the cluster has formed."""
         try:
-            self.spawn_members(1)
-            if self.config.members > 1:
-                self.spawn_members(self.config.members - 1)
-            self.wait_formed(self.config.members)
+            names = restart_names(self.config.persistence_dir)
+            if names:
+                # Hot restart: one member per folder, under its name; the first starts alone
+                # (it is the master the others join), then the rest load in parallel.
+                log.info("restarting %d members from %s", len(names),
+                         self.config.persistence_dir)
+                self.next_index = 1 + max(_index(name) for name in names)
+                self.spawn_members(1, names=names[:1])
+                if len(names) > 1:
+                    self.spawn_members(len(names) - 1, names=names[1:])
+                self.wait_formed(len(names))
+            else:
+                self.spawn_members(1)
+                if self.config.members > 1:
+                    self.spawn_members(self.config.members - 1)
+                self.wait_formed(self.config.members)
         except BaseException:
             self.shutdown()
             raise
@@ -398,7 +433,8 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.write_registry()
             master = self._master(live)
-            reply = self._ask(master, p.SET_STATE, timeout=1.0, state="PASSIVE") \
+            reply = self._ask(master, p.SET_STATE, timeout=1.0, state="PASSIVE",
+                              stopping=True) \
                 if master is not None else None
             if not reply or not reply.get("ok"):
                 log.warning("could not set the cluster PASSIVE before stopping: %s",

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from zlib import crc32
 
@@ -276,6 +277,22 @@ class LogStore:
         if not isinstance(seq, int) or not 0 <= seq <= self._seq_last:
             raise ValueError(f"seq {seq} was never returned by this store "
                              f"(last is {self._seq_last})")
+
+    def set_durable_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener()`` from the writer thread each time more records became durable,
+        or the writer failed: a single-threaded owner wakes its loop with it (a byte on a
+        pipe, say) and then reads ``durable_seq``. It must be quick and never raise."""
+        self._writer.on_durable = listener
+
+    @property
+    def durable_seq(self) -> int:
+        """Every record up to this sequence is durable as the fsync policy defines."""
+        return self._writer.durable_seq
+
+    @property
+    def failure(self) -> PersistenceError | None:
+        """Why the writer stopped (disk full, I/O error), or None."""
+        return self._writer.failure
 
     def flush(self, timeout: float | None = None) -> None:
         """Write and fsync everything queued so far, whatever the policy, and wait for it."""

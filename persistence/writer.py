@@ -86,6 +86,9 @@ class GroupCommitWriter:
         self._future_ids = itertools.count()
         self.failure: PersistenceError | None = None
         self.syncs = 0
+        # Called from the writer thread after the durable sequence rose (or the writer
+        # failed): a poll-loop owner wakes itself with it (LogStore.set_durable_listener).
+        self.on_durable: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run_thread, name="shmgrid-log-writer",
                                         daemon=True)
 
@@ -288,6 +291,8 @@ class GroupCommitWriter:
                 ready.setdefault(loop, []).append((future, seq))
         for loop, futures in ready.items():
             _call_in_loop(loop, _resolve_futures, futures, None)
+        if self.on_durable is not None:
+            self.on_durable()
 
     def _fail(self, exc: BaseException) -> None:
         failure = _failure_from(exc, self._folder)
@@ -303,6 +308,8 @@ class GroupCommitWriter:
             self._runs, self._run, self._queued_bytes = [], None, 0
         for loop, futures in ready.items():
             _call_in_loop(loop, _resolve_futures, futures, failure)
+        if self.on_durable is not None:
+            self.on_durable()
 
     def _close_fds(self) -> None:
         fd, self._fd = self._fd, None

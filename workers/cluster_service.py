@@ -53,6 +53,8 @@ class ClusterService:
         self.published: tuple[int, tuple[int, ...]] | None = None
         self.state = ClusterState.ACTIVE
         self.state_version = 0  # rises with each committed state change (state_change.py)
+        # What a hot restart restores: the state, except the PASSIVE of a cluster stopping.
+        self.saved_state = ClusterState.ACTIVE
         # Members we hold for gone: reported dead by the supervisor, timed out by us as master
         # or as next in line, or given up for a claimant we follow. We refuse their publishes.
         self.dead: set[str] = set()
@@ -96,6 +98,21 @@ class ClusterService:
         self.next_leave_request = 0.0
         self.next_plan = 0.0
         self.next_fetch = 0.0
+        # Hot restart: the table and state this member's files hold, and (master) the stamp
+        # of the table each joining member restored, checked before the cluster forms on it.
+        self.restored_table: PartitionTable | None = None
+        self.restored_state: ClusterState | None = None
+        self.restored_stamps: dict[str, int | None] = {}
+        journal = member.journal
+        if journal is not None and journal.restored.table is not None:
+            try:
+                self.restored_table = PartitionTable.from_wire(journal.restored.table)
+            except PartitionTableError as exc:
+                raise RuntimeError(f"the partition table under {journal.folder} is "
+                                   f"damaged: {exc}") from exc
+            state = journal.restored.state
+            self.restored_state = ClusterState(state) if state in ClusterState.__members__ \
+                else ClusterState.ACTIVE
 
     def handlers(self) -> dict[str, Any]:
         return {
@@ -164,7 +181,8 @@ class ClusterService:
 
     def view_fields(self) -> dict[str, Any]:
         return {"members": self.members.to_wire(), "table": self.table.to_wire(),
-                "state": self.state.value, "sv": self.state_version}
+                "state": self.state.value, "sv": self.state_version,
+                "saved": self.saved_state.value}
 
     @property
     def is_lite(self) -> bool:
@@ -180,12 +198,17 @@ class ClusterService:
         return sum(1 for pid in range(self.table.partition_count)
                    if sum(r is not None for r in self.table.replicas(pid)[:want]) < want)
 
-    def take_state(self, state: ClusterState, version: int) -> None:
-        """Take a committed cluster state that is newer than ours (state_change.py)."""
+    def take_state(self, state: ClusterState, version: int,
+                   saved: ClusterState | None = None) -> None:
+        """Take a committed cluster state that is newer than ours (state_change.py);
+        ``saved`` is what a restart restores (the state itself unless it is stopping)."""
         if version > self.state_version:
             log.info("cluster state %s -> %s", self.state, state)
             self.state, self.state_version = state, version
+            self.saved_state = saved or state
             self.plan_wanted = True
+            if self.member.journal is not None:
+                self.member.journal.view_dirty = True
 
     # -- start and join --------------------------------------------------------------------
 
@@ -206,8 +229,10 @@ class ClusterService:
         self.next_join = now + JOIN_RETRY_S
         if now - self.join_started > JOIN_TIMEOUT_S:
             raise RuntimeError(f"could not join the cluster at {self.join_endpoints}")
+        restored = self.restored_table.stamp() if self.restored_table is not None else None
         for endpoint in list(self.join_endpoints):
-            self.member.request_peer(endpoint, p.JOIN, {"info": self.member.info.to_wire()},
+            self.member.request_peer(endpoint, p.JOIN, {"info": self.member.info.to_wire(),
+                                                        "restored": restored},
                                      [], self._on_join_reply, timeout=JOIN_RETRY_S * 2)
 
     def _on_join_reply(self, header: dict[str, Any] | None, frames: list[bytes]) -> None:
@@ -242,6 +267,7 @@ class ClusterService:
                                     master=master.endpoint if master else None)
             return
         if info.uuid not in self.members:
+            self.restored_stamps[info.uuid] = header.get("restored")
             if not self.state.join_allowed:
                 self.member.reply_error(ident, header, p.STATE, "join refused",
                                         op="join", state=self.state.value)
@@ -280,9 +306,11 @@ class ClusterService:
                 return
             newer = members
         state, version = fields.get("state"), fields.get("sv")
+        saved = fields.get("saved")
         if isinstance(state, str) and state in ClusterState.__members__ and \
                 isinstance(version, int):
-            self.take_state(ClusterState(state), version)
+            self.take_state(ClusterState(state), version,
+                            ClusterState(saved) if saved in ClusterState.__members__ else None)
         self._adopt(newer, table)
 
     def _adopt(self, members: MemberList | None, table: PartitionTable) -> None:
@@ -290,6 +318,8 @@ class ClusterService:
         it must never judge a write by a member list without its table."""
         left = self._set_members(members) if members is not None else set()
         changed = self.table.apply(table)
+        if self.member.journal is not None and (members is not None or changed):
+            self.member.journal.view_dirty = True
         if left:
             self.member.maps.on_members_change(left)
         if changed:
@@ -305,6 +335,9 @@ class ClusterService:
         """The destination's side of a migration commit (the master commits here first)."""
         if row[0] == self.me:
             self.member.maps.owned.add(pid)  # it has the data: no promotion sync
+        if self.member.journal is not None:
+            self.member.journal.flush()  # what it received is on disk before it counts
+            self.member.journal.view_dirty = True
         self.table.set_replicas(pid, row)
         self._table_changed([pid])
 
@@ -438,7 +471,9 @@ class ClusterService:
         if not self.is_master:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
-        self.take_state(state, self.state_version + 1)  # the supervisor's, while stopping
+        # The supervisor's, while stopping: a restart restores the state from before.
+        self.take_state(state, self.state_version + 1,
+                        self.saved_state if header.get("stopping") else None)
         self._publish()
         self.member.reply_ok(ident, header, state=state.value)
 
@@ -450,11 +485,47 @@ class ClusterService:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
         if not self.table.is_assigned() and self.members.data_members:
-            self._change_view(self.members, initial_assignment(
-                self.table, self.members.data_members, self.config.backup_count))
-            log.info("assigned %d partitions over %d members", self.table.partition_count,
-                     len(self.members.data_members))
+            refusal = self._restart_refusal()
+            if refusal:
+                log.error("cannot form the cluster from its files: %s", refusal)
+                self.member.reply_ok(ident, header, assigned=False, refused=refusal)
+                return
+            if self.restored_table is not None:
+                self._change_view(self.members, self.restored_table.copy())
+                self.take_state(self.restored_state, self.state_version + 1)
+                log.info("restarted on the partition table of the files (stamp %x), %s",
+                         self.table.stamp(), self.state)
+            else:
+                self._change_view(self.members, initial_assignment(
+                    self.table, self.members.data_members, self.config.backup_count))
+                log.info("assigned %d partitions over %d members", self.table.partition_count,
+                         len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
+
+    def _restart_refusal(self) -> str:
+        """Why the members cannot form a cluster on what their files hold, or "": every
+        member restored the same table (its stamp) and every member it names is here, or
+        nobody restored anything (seed 003; the full_recovery_only policy)."""
+        names = {m.uuid: m.name for m in self.members.members}
+        mine = self.restored_table.stamp() if self.restored_table is not None else None
+        stamps = {uuid: self.restored_stamps.get(uuid) for uuid in self.members.uuids
+                  if uuid != self.me}
+        stamps[self.me] = mine
+        if mine is None:
+            holding = [names[u] for u, stamp in stamps.items() if stamp is not None]
+            return (f"{', '.join(sorted(holding))} hold data of an earlier run, the master "
+                    f"{names[self.me]} none; start them on their own folder, or remove "
+                    f"it") if holding else ""
+        differ = sorted(names[u] for u, stamp in stamps.items() if stamp != mine)
+        if differ:
+            return (f"the partition tables differ: {', '.join(differ)} restored another "
+                    f"table than {names[self.me]} (stamp {mine:x})")
+        missing = {u for row in range(self.restored_table.partition_count)
+                   for u in self.restored_table.replicas(row) if u is not None} - set(names)
+        if missing:
+            return (f"members of the saved table are missing: {len(missing)} "
+                    f"({', '.join(sorted(missing))[:200]})")
+        return ""
 
     def _change_view(self, members: MemberList, table: PartitionTable) -> None:
         """Master only: adopt a new member list and table locally, then publish both."""

@@ -27,6 +27,7 @@ The guarantees, and where each is kept:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,7 @@ class MapService:
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
         self.lease_waiting: list[Ticket] = []
+        self.durable_waiting: deque[Ticket] = deque()  # persistence_fsync = always
         self.owned: set[int] = set()  # partitions this member owns in its table
 
     def handlers(self) -> dict[str, Any]:
@@ -179,6 +181,22 @@ class MapService:
             return
         for ident, rid in ticket.waiters:
             self.member.reply(ident, [p.reply_ok(rid, **ticket.fields), *ticket.frames])
+
+    def on_durable(self) -> None:
+        """The log's writer made more records durable: answer the writes waiting for them
+        (in log order, which is the order they were applied)."""
+        journal = self.member.journal
+        if journal is None:
+            return
+        if journal.log.failure is not None:
+            for ticket in self.durable_waiting:
+                ticket.fail(p.SERVER, f"the member's log failed: {journal.log.failure}")
+        durable = journal.durable_seq
+        waiting = self.durable_waiting
+        while waiting and (waiting[0].log_seq <= durable or waiting[0].failed):
+            ticket = waiting.popleft()
+            ticket.log_seq = 0
+            self._settle(ticket)
 
     def _settle(self, ticket: Ticket) -> None:
         """Re-check a ticket whose conditions changed; answer what became answerable."""
@@ -474,6 +492,11 @@ class MapService:
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)
+        journal = self.member.journal
+        if journal is not None and self.config.persistence_fsync == "always" and \
+                journal.last_seq > journal.durable_seq:
+            ticket.log_seq = journal.last_seq  # answered once the log has it on disk
+            self.durable_waiting.append(ticket)
         self.order.enqueue(ticket)
         now = self.member.now()
         for (uuid, is_sync), (parts, payload) in per_member.items():

@@ -24,6 +24,7 @@ import zmq
 from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
+from workers.journal import Journal
 from workers.node import Node
 
 log = logging.getLogger("shmgrid.member")
@@ -54,9 +55,22 @@ class Member(Node):
         self.max_message_bytes = config.max_message_bytes
         self.supervisor = self._dealer(supervisor_endpoint) if supervisor_endpoint else None
         self.process = psutil.Process()
-        info = MemberInfo(str(uuid_mod.uuid4()), name, f"tcp://{config.host}:{port}",
-                          os.getpid(), lite)
-        super().__init__(config, info, join_endpoints)
+        journal = None
+        if config.persistence_dir:
+            journal = Journal(os.path.join(config.persistence_dir, name), name,
+                              config.cluster_name, config.partition_count,
+                              config.persistence_fsync, config.persistence_fsync_interval)
+        uuid = (journal.restored.uuid if journal else None) or str(uuid_mod.uuid4())
+        if journal is not None:
+            journal.save_identity(uuid)
+        # The log's writer thread wakes the loop through this pipe when writes became
+        # durable (an owner with persistence_fsync = always answers only then).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+        info = MemberInfo(uuid, name, f"tcp://{config.host}:{port}", os.getpid(), lite)
+        super().__init__(config, info, join_endpoints, journal)
         self.handlers[p.STATUS] = self._on_status
         self.handlers[p.SHUTDOWN] = self._on_shutdown
 
@@ -106,6 +120,11 @@ class Member(Node):
             except zmq.Again:
                 log.warning("supervisor does not take messages; %s dropped", op)
 
+    def wake(self) -> None:
+        """From another thread: make the loop look at durable writes now."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
     def reply(self, ident: bytes, frames: list[Any]) -> None:
         try:
             self.router.send_multipart([ident, *frames], zmq.NOBLOCK)
@@ -126,6 +145,11 @@ class Member(Node):
         while self.running:
             timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
             for sock, _ in self.poller.poll(timeout_ms):
+                if sock == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                    self.maps.on_durable()
+                    continue
                 if sock.closed:  # a handler disconnected this peer during the round
                     continue
                 if sock is self.router:
@@ -181,11 +205,22 @@ class Member(Node):
         self.running = False
 
     def close(self) -> None:
-        """Unlink every segment and close every socket; safe to call twice."""
+        """Write the log out, unlink every segment and close every socket; safe to call
+        twice."""
         self.running = False
+        if self.journal is not None:
+            try:
+                self.save_view()
+                self.journal.close()
+            except Exception:
+                log.exception("could not close the persistence log cleanly")
         self.store.close()
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
 
 
 def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str],

@@ -17,6 +17,7 @@ from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
 from grid.errors import GridError, NotAuthorizedError, ProtocolError
 from workers.cluster_service import ClusterService
+from workers.journal import Journal
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
 from workers.record_store import RecordStore
@@ -32,7 +33,8 @@ class Node:
     """Transport-independent member. Subclasses provide the clock and the five transport
     methods: connect_peer, disconnect_peer, send_peer, reply, notify_supervisor."""
 
-    def __init__(self, config: GridConfig, info: MemberInfo, join_endpoints: list[str]) -> None:
+    def __init__(self, config: GridConfig, info: MemberInfo, join_endpoints: list[str],
+                 journal: Journal | None = None) -> None:
         self.config = config
         self.info = info
         self.name = info.name
@@ -41,6 +43,12 @@ class Node:
         self.running = True
         self.store = RecordStore(f"shmgrid-{config.cluster_name}-{info.name}",
                                  max_record_bytes=config.max_value_bytes + 8)
+        self.journal = journal
+        if journal is not None:  # recovery mode: the log into shared memory, then append
+            restored = journal.restore(self.store.put_many, self.wake)
+            log.info("loaded %d records (%.1f MB) from %s in %.2f s", restored.records,
+                     restored.bytes / 1e6, journal.folder, restored.seconds)
+            self.store.journal = journal
         self.cluster = ClusterService(self, join_endpoints)
         self.maps = MapService(self)
         self.migrations = MigrationService(self)
@@ -70,6 +78,10 @@ class Node:
 
     def notify_supervisor(self, op: str, **fields: Any) -> None:
         raise NotImplementedError
+
+    def wake(self) -> None:
+        """From the log's writer thread: writes became durable (a transport with a loop to
+        wake overrides this)."""
 
     # -- requests and replies --------------------------------------------------------------
 
@@ -164,6 +176,14 @@ class Node:
         self.maps.tick(now)
         self.migrations.tick(now)
         self.states.tick(now)
+        if self.journal is not None and self.journal.view_dirty:
+            self.save_view()
+
+    def save_view(self) -> None:
+        """Persist the member list, table and state we follow (hot restart)."""
+        cluster = self.cluster
+        self.journal.save_view(cluster.members.to_wire(), cluster.table.to_wire(),
+                               cluster.saved_state.value, cluster.state_version)
 
     def _on_ping(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.reply_ok(ident, header, cluster=self.config.cluster_name, uuid=self.info.uuid,

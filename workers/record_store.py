@@ -544,6 +544,8 @@ class RecordStore:
         self._partitions: dict[int, dict[str, _Fragment]] = {}
         self._receiving: dict[tuple[int, str], _Fragment] = {}  # lent fragments arriving
         self.loans: set[FragmentLoan] = set()  # fragments this store has lent out
+        # Hot restart (workers/journal.py): told of every mutation, once it is applied.
+        self.journal: Any = None
         self._segment_number = 0
         self._closed = False
 
@@ -562,7 +564,10 @@ class RecordStore:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_size)
-        return fragment.put(key, value)
+        old = fragment.put(key, value)
+        if self.journal is not None:
+            self.journal.put(pid, namespace, key, value)
+        return old
 
     def get(self, pid: int, namespace: str, key: bytes) -> bytes | None:
         """The value of key, or None."""
@@ -582,7 +587,10 @@ class RecordStore:
             return None
         if key.__class__ is not bytes:
             key = _key_bytes(key)
-        return fragment.remove(key)
+        old = fragment.remove(key)
+        if old is not None and self.journal is not None:
+            self.journal.remove(pid, namespace, key)
+        return old
 
     def contains(self, pid: int, namespace: str, key: bytes) -> bool:
         """Whether key is present."""
@@ -618,6 +626,8 @@ class RecordStore:
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_bytes_sum)
         fragment.put_many(checked, record_bytes_sum)
+        if self.journal is not None:
+            self.journal.put_many(pid, namespace, checked)
 
     def get_many(self, pid: int, namespace: str, keys: Iterable[bytes]) -> list[bytes | None]:
         """The value (or None) of each key, in order."""
@@ -664,6 +674,8 @@ class RecordStore:
             del self._partitions[pid]
         count = fragment.count
         fragment.release()
+        if self.journal is not None:
+            self.journal.clear(pid, namespace)
         return count
 
     def move_fragment(self, pid: int, source: str, target: str) -> int:
@@ -677,6 +689,9 @@ class RecordStore:
         if moved is None:
             return 0
         self._partitions.setdefault(pid, {})[target] = moved
+        if self.journal is not None:  # the log has no rename: the records again, then a clear
+            self.journal.put_many(pid, target, moved.items())
+            self.journal.clear(pid, source)
         return moved.count
 
     # -- migration transfer ----------------------------------------------------------------
@@ -771,6 +786,9 @@ class RecordStore:
         if old is not None:
             old.release()
         namespaces[namespace] = fragment
+        if self.journal is not None:
+            self.journal.clear(pid, namespace)
+            self.journal.put_many(pid, namespace, fragment.items())
         return colliding
 
     def drop_partition(self, pid: int) -> None:
@@ -781,8 +799,10 @@ class RecordStore:
         namespaces = self._partitions.pop(pid, None)
         if namespaces is None:
             return
-        for fragment in namespaces.values():
+        for namespace, fragment in namespaces.items():
             fragment.release()
+            if self.journal is not None:
+                self.journal.clear(pid, namespace)
 
     def namespaces(self, pid: int) -> list[str]:
         """Namespaces with a fragment (created by a put, gone after clear/drop), sorted."""

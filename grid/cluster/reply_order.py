@@ -24,7 +24,7 @@ class Ticket:
     """One answer to give: to every request waiting on it (a resend waits on the first)."""
 
     __slots__ = ("slots", "waiting", "needs_lease", "failed", "fields", "frames", "waiters",
-                 "iid", "outcome", "written")
+                 "iid", "outcome", "written", "log_seq")
 
     def __init__(self, slots: Iterable[Slot], waiters: list[tuple[bytes, Any]],
                  fields: dict[str, Any] | None = None, frames: list[bytes] | None = None,
@@ -39,10 +39,12 @@ class Ticket:
         self.failed: tuple[str, str] | None = None  # (error code, message)
         self.iid: str | None = None  # the invocation to remember once it is durable
         self.written: set[int] = set()  # partitions this write was applied to here
+        self.log_seq = 0  # the owner's log record to see on disk first (0: none to wait for)
 
     @property
     def ready(self) -> bool:
-        return self.failed is not None or (not self.waiting and not self.needs_lease)
+        return self.failed is not None or (
+            not self.waiting and not self.needs_lease and not self.log_seq)
 
     def fail(self, code: str, msg: str) -> None:
         if self.failed is None:

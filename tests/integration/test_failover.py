@@ -17,8 +17,9 @@ pytestmark = pytest.mark.timeout(180)
 class Writers:
     """Client threads that write until stopped and remember every acknowledged write."""
 
-    def __init__(self, cluster, count: int = 2) -> None:
+    def __init__(self, cluster, count: int = 2, invocation_timeout: float = 60) -> None:
         self.cluster = cluster
+        self.invocation_timeout = invocation_timeout
         self.acked: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -28,7 +29,7 @@ class Writers:
 
     def _run(self, n: int) -> None:
         try:
-            with self.cluster.connect(invocation_timeout=60) as client:
+            with self.cluster.connect(invocation_timeout=self.invocation_timeout) as client:
                 m = client.get_map("acked")
                 i = 0
                 while not self.stop.is_set():

@@ -1,0 +1,107 @@
+"""Hot restart on real processes (issue 11, seed 003): members write every mutation to their
+folders; a cluster stopped, or killed with its supervisor, starts again from them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from grid.client.registry import pid_alive
+from tests.conftest import run_cli
+from tests.integration.test_failover import Writers, _assert_all_readable, _status, _wait
+from workers.journal import SLOW_DISK_ENV
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _restart(cluster, data_dir, *extra: str, check: bool = True):
+    return run_cli("start", "--detach", "--cluster-name", cluster.cluster_name, "--data-dir",
+                   str(data_dir), *extra, check=check, timeout=120)
+
+
+def _kill_everything(cluster) -> None:
+    """kill -9 of the supervisor and every member, at once (a host that lost power)."""
+    registry = cluster.registry
+    pids = [registry["supervisor"]["pid"], *(m["pid"] for m in registry["members"])]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    _wait(lambda: not any(pid_alive(pid) for pid in pids), what="every process to die")
+
+
+def test_a_stopped_cluster_restarts_with_its_data_identity_and_state(cluster_factory,
+                                                                      tmp_path):
+    cluster = cluster_factory(members=3, data_dir=tmp_path)
+    uuids = {m["name"]: m["uuid"] for m in cluster.registry["members"]}
+    with cluster.connect() as client:
+        m = client.get_map("kept")
+        m.put_all({f"k{i}": i for i in range(3000)})
+        m.set("one", 1)
+        m.remove("k7")
+        m2 = client.get_map("other")
+        m2.set("x", "y")
+        client.cluster.change_state("FROZEN")
+    cluster.cli("stop")
+    assert sorted(os.listdir(tmp_path)) == ["member-0", "member-1", "member-2"]
+    _restart(cluster, tmp_path)
+    assert {m["name"]: m["uuid"] for m in cluster.registry["members"]} == uuids
+    with cluster.connect() as client:
+        m = client.get_map("kept")
+        assert m.size() == 3000 and m.get("k7") is None and m.get("one") == 1
+        assert m.get_all([f"k{i}" for i in range(3000)]) == {
+            f"k{i}": i for i in range(3000) if i != 7}
+        assert client.get_map("other").get("x") == "y"
+        assert client.cluster.state == "FROZEN", "the state from before the stop"
+    status = _status(cluster)
+    assert status["safe"], status
+
+
+@pytest.mark.parametrize("slow_disk", [False, True], ids=["disk", "slow-disk"])
+def test_kill_minus_9_of_everything_under_writes_loses_no_acknowledged_write(
+        cluster_factory, tmp_path, monkeypatch, slow_disk):
+    """R4: with fsync always, an owner answers a write only once it is on disk. The slow
+    disk (each log write waits 30 ms) leaves writes queued when the kill comes: an owner
+    that answered before its log had them would lose them here."""
+    if slow_disk:
+        monkeypatch.setenv(SLOW_DISK_ENV, "0.03")
+    cluster = cluster_factory(members=3, data_dir=tmp_path, fsync="always")
+    # The writers' last calls meet a dead cluster: they give up after 2 s (not counted).
+    with Writers(cluster, invocation_timeout=2) as writers:
+        writers.wait_for(300 if slow_disk else 1500)
+        _kill_everything(cluster)
+    acked = dict(writers.acked)
+    monkeypatch.delenv(SLOW_DISK_ENV, raising=False)
+    _restart(cluster, tmp_path, "--fsync", "always")
+    _assert_all_readable(cluster, acked)
+    assert _status(cluster)["safe"]
+
+
+def test_another_clusters_files_are_refused_naming_what_differs(cluster_factory, tmp_path):
+    cluster = cluster_factory(members=2, data_dir=tmp_path)
+    cluster.cli("stop")
+    other = run_cli("start", "--detach", "--cluster-name", cluster.cluster_name + "x",
+                    "--data-dir", str(tmp_path), check=False, timeout=120)
+    assert other.returncode != 0
+    output = other.stdout + other.stderr
+    assert "another member's data" in output and "cluster_name" in output, output
+    run_cli("stop", "--cluster-name", cluster.cluster_name + "x", check=False)
+
+
+def test_a_missing_member_fails_the_restart_naming_what_is_missing(cluster_factory,
+                                                                   tmp_path):
+    """full_recovery_only: the saved table names a member whose folder is gone."""
+    cluster = cluster_factory(members=3, data_dir=tmp_path)
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: i for i in range(100)})
+    cluster.cli("stop")
+    gone = tmp_path / "member-2"
+    for root, dirs, files in os.walk(gone, topdown=False):
+        for name in files:
+            os.unlink(os.path.join(root, name))
+        for name in dirs:
+            os.rmdir(os.path.join(root, name))
+    os.rmdir(gone)
+    failed = _restart(cluster, tmp_path, check=False)
+    assert failed.returncode != 0
+    assert "missing" in failed.stdout + failed.stderr, failed.stdout + failed.stderr

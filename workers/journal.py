@@ -1,0 +1,202 @@
+"""A member's persistence (seed 003): every mutation of every replica it holds, on disk.
+
+With ``persistence_dir`` set, member NAME keeps ``persistence_dir/NAME/``:
+
+- ``meta/``: its identity (name, uuid, cluster name, partition count), the ids it gave map
+  names, and the member list, partition table and cluster state it last followed, each file
+  written atomically (persistence/metadata.py);
+- ``log/``: a LogStore (persistence/store.py) with a record for every put, remove and clear
+  the record store applies: owner writes, backup operations, migrations received (a clear,
+  then the fragment's records) and partitions dropped (a clear per map). A record's prefix
+  is (map id, partition id).
+
+On start the member loads the log into its record store before it joins (recovery mode),
+then opens the log for appending (persistence mode). With ``persistence_fsync = always`` the
+owner answers a write only once its records are on disk (``MapService`` waits for
+``durable_seq``); the log's writer thread wakes the member's loop through ``on_durable``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from persistence import LogStore, MetadataStore, make_prefix, split_prefix
+from persistence.errors import CorruptMetadataError
+from persistence.fileio import FileOps
+
+log = logging.getLogger("shmgrid.journal")
+
+IDENTITY, NAMESPACES, VIEW = "identity", "namespaces", "view"
+# A test hook: seconds each write to the log waits before it reaches the file (a slow disk),
+# so that a test can kill the member while acknowledged-looking writes are still queued.
+SLOW_DISK_ENV = "SHMGRID_TEST_SLOW_DISK"
+
+
+class _SlowDisk(FileOps):
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def writev(self, fd: int, buffers: Any) -> int:
+        time.sleep(self.delay_s)
+        return super().writev(fd, buffers)
+
+
+class JournalError(RuntimeError):
+    """A member's folder cannot be used (another cluster's, another partition count, damaged
+    metadata); the message says which file and what differs."""
+
+
+@dataclass
+class Restored:
+    """What a member found in its folder when it started."""
+
+    uuid: str | None = None  # its identity, reused
+    members: Any = None  # the member list it last followed (wire form), if any
+    table: Any = None  # the partition table (wire form), if any
+    state: str | None = None
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class Journal:
+    """Member ``name``'s folder. Open it, ``restore`` the log into the record store, then
+    the store calls ``put``/``put_many``/``remove``/``clear`` on every mutation."""
+
+    def __init__(self, folder: str, name: str, cluster_name: str, partition_count: int,
+                 fsync: str, fsync_interval: float) -> None:
+        self.folder = folder
+        self.fsync = fsync
+        self.fsync_interval = fsync_interval
+        try:
+            self.meta = MetadataStore(os.path.join(folder, "meta"))
+            identity = self._read_json(IDENTITY)
+            self.namespace_ids: dict[str, int] = self._read_json(NAMESPACES) or {}
+            view = self._read_json(VIEW) or {}
+        except CorruptMetadataError as exc:
+            raise JournalError(f"{name}'s metadata under {folder} is damaged: {exc}") from exc
+        self.restored = Restored(members=view.get("members"), table=view.get("table"),
+                                 state=view.get("state"))
+        if identity is not None:
+            differs = [f"{key} {identity.get(key)!r} there, {value!r} here"
+                       for key, value in (("cluster_name", cluster_name), ("name", name),
+                                          ("partition_count", partition_count))
+                       if identity.get(key) != value]
+            if differs:
+                raise JournalError(f"{folder} holds another member's data: " + "; ".join(
+                    differs) + ". Start with the settings it was written with, or another "
+                    "--data-dir")
+            self.restored.uuid = identity.get("uuid")
+        self.identity = {"name": name, "cluster_name": cluster_name,
+                         "partition_count": partition_count}
+        self.ids = itertools.count(max(self.namespace_ids.values(), default=0) + 1)
+        self.log: LogStore | None = None
+        self.last_seq = 0
+        self.view_dirty = False
+
+    def _read_json(self, name: str) -> Any:
+        payload = self.meta.read(name)
+        if payload is None:
+            return None
+        try:
+            return json.loads(payload)
+        except ValueError as exc:
+            raise CorruptMetadataError(self.meta.file_path(name), f"bad JSON: {exc}") from exc
+
+    def _write_json(self, name: str, value: Any) -> None:
+        self.meta.write(name, json.dumps(value, sort_keys=True).encode())
+
+    def save_identity(self, uuid: str) -> None:
+        self._write_json(IDENTITY, {**self.identity, "uuid": uuid})
+
+    # -- recovery, then persistence ------------------------------------------------------------
+
+    def restore(self, put_many: Callable[[int, str, Iterable[tuple[bytes, bytes]]], None],
+                on_durable: Callable[[], None] | None = None) -> Restored:
+        """Load the log through ``put_many(pid, namespace, pairs)``, then open it for
+        appending. Damage the library finds (a torn tail, a bad region) is logged and
+        skipped: everything before it is loaded."""
+        path = os.path.join(self.folder, "log")
+        started = time.monotonic()
+        names = {number: name for name, number in self.namespace_ids.items()}
+        recovery = LogStore.recover(path)
+        restored = self.restored
+        for prefix, group in itertools.groupby(recovery, key=lambda item: item[0]):
+            ns_id, pid = split_prefix(prefix)
+            namespace = names.get(ns_id)
+            pairs = [(bytes(key), bytes(value)) for _, key, value in group]
+            if namespace is None:
+                log.warning("%d records of an unknown map id %d skipped", len(pairs), ns_id)
+                continue
+            put_many(pid, namespace, pairs)
+            restored.records += len(pairs)
+            restored.bytes += sum(len(k) + len(v) for k, v in pairs)
+        for damage in recovery.damages:
+            log.warning("log damage skipped while loading: %s", damage)
+        restored.seconds = time.monotonic() - started
+        slow = float(os.environ.get(SLOW_DISK_ENV) or 0)
+        self.log = LogStore(path, fsync=self.fsync, fsync_interval=self.fsync_interval,
+                            _file_ops=_SlowDisk(slow) if slow > 0 else None)
+        if on_durable is not None:
+            self.log.set_durable_listener(on_durable)
+        return restored
+
+    def _prefix(self, pid: int, namespace: str) -> int:
+        number = self.namespace_ids.get(namespace)
+        if number is None:
+            number = self.namespace_ids[namespace] = next(self.ids)
+            self._write_json(NAMESPACES, self.namespace_ids)  # before any record names it
+        return make_prefix(number, pid)
+
+    def put(self, pid: int, namespace: str, key: bytes, value: Any) -> None:
+        self.last_seq = self.log.put(self._prefix(pid, namespace), key,
+                                     value if value.__class__ is bytes else bytes(value))
+
+    def put_many(self, pid: int, namespace: str, pairs: Iterable[tuple[bytes, Any]]) -> None:
+        prefix, put = self._prefix(pid, namespace), self.log.put
+        seq = self.last_seq
+        for key, value in pairs:
+            seq = put(prefix, key, value if value.__class__ is bytes else bytes(value))
+        self.last_seq = seq
+
+    def remove(self, pid: int, namespace: str, key: bytes) -> None:
+        self.last_seq = self.log.remove(self._prefix(pid, namespace), key)
+
+    def clear(self, pid: int, namespace: str) -> None:
+        self.last_seq = self.log.clear_prefix(self._prefix(pid, namespace))
+
+    @property
+    def durable_seq(self) -> int:
+        return self.log.durable_seq if self.log is not None else 0
+
+    def flush(self) -> None:
+        """Write and fsync everything so far (a migration's destination, before it commits)."""
+        if self.log is not None:
+            self.log.flush()
+
+    # -- the view --------------------------------------------------------------------------------
+
+    def save_view(self, members: Any, table: Any, state: str, state_version: int) -> None:
+        """The member list, table and state this member follows (written at most once a
+        tick: a migration changes the table often, and each write is an fsync)."""
+        self._write_json(VIEW, {"members": members, "table": table, "state": state,
+                                "sv": state_version})
+        self.view_dirty = False
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.log.stats() if self.log is not None else None
+        return {"dir": self.folder, "fsync": self.fsync,
+                "loaded_records": self.restored.records, "loaded_bytes": self.restored.bytes,
+                "load_seconds": round(self.restored.seconds, 3),
+                "log_bytes": stats.log_bytes if stats else None}
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()

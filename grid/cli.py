@@ -75,6 +75,20 @@ def _print_ready(data: dict[str, Any], path: Path) -> None:
 
 def cmd_start(args: argparse.Namespace) -> int:
     config = _config(args)
+    if config.persistence_dir:
+        from grid.supervisor import StartupError, restart_names
+
+        try:
+            names = restart_names(config.persistence_dir)
+        except StartupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        if names and args.members is not None and args.members != len(names):
+            print(f"error: {config.persistence_dir} holds {len(names)} members' folders "
+                  f"({', '.join(names)}), not --members {args.members}; a restart starts "
+                  f"exactly those (add members afterwards with `shmgrid add-member`)",
+                  file=sys.stderr)
+            return 1
     path = config.registry_path()
     if path.exists():
         try:
@@ -218,7 +232,8 @@ def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dic
                "migrations": master.get("migrations") or {}, "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
                                           "owned", "backups", "unbacked", "backup_backlog",
-                                          "shm_bytes", "rss", "unreachable") if k in r}
+                                          "shm_bytes", "rss", "persistence", "unreachable")
+                    if k in r}
                    for r in rows]}
     return summary, rows
 
@@ -264,6 +279,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if lost:
         print(f"{lost} partitions lost every replica since this master took over; they are "
               f"available again, empty")
+    persisted = [r for r in rows if r.get("persistence")]
+    if persisted:
+        first = persisted[0]["persistence"]
+        loaded = sum(r["persistence"]["loaded_records"] for r in persisted)
+        print(f"persistence: {os.path.dirname(first['dir'])}, fsync {first['fsync']}; loaded "
+              f"at start: {loaded:,} records (" + ", ".join(
+                  f"{r['name']} {r['persistence']['loaded_records']:,} in "
+                  f"{r['persistence']['load_seconds']:.2f} s" for r in persisted) + ")")
     if summary["state"] in ("NO_MIGRATION", "FROZEN"):
         idle = [r["name"] for r in rows
                 if not r.get("lite") and not r.get("owned") and not r.get("backups")]
@@ -466,6 +489,44 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    """A point-in-time copy of every member's persistence folder into DIR."""
+    try:
+        _, data = _registry(args)
+    except ClusterNotRunningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    folder = os.path.abspath(args.dir)
+    if os.path.exists(folder) and os.listdir(folder):
+        print(f"error: {folder} is not empty; back up into a new folder", file=sys.stderr)
+        return 1
+    secret = data.get("config", {}).get("cluster_secret", "")
+    failed = 0
+    ctx = zmq.Context()
+    try:
+        for m in data["members"]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(m["endpoint"])
+            sock.send_multipart([p.request(p.PERSIST_BACKUP, 1, data["cluster_name"],
+                                           dir=folder, **{p.SECRET_FIELD: secret})])
+            reply = p.unpack_header(sock.recv_multipart()[0]) if sock.poll(60_000) else None
+            sock.close(0)
+            if reply and reply.get("ok"):
+                print(f"{m['name']}: {reply['segments']} segments up to record "
+                      f"{reply['seq_last']} ({reply['bytes_copied']} bytes copied, the rest "
+                      f"hard-linked)")
+            else:
+                failed += 1
+                print(f"error: {m['name']}: {reply.get('msg') if reply else 'no answer'}",
+                      file=sys.stderr)
+    finally:
+        ctx.destroy(linger=0)
+    if not failed:
+        print(f"backup in {folder}; restart from it with `shmgrid start --data-dir {folder}`")
+    return 1 if failed else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from grid.bench import run_bench
 
@@ -571,6 +632,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to keep asking while the master is busy (default 10)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=cmd_promote)
+
+    sp = sub.add_parser(
+        "backup", help="copy every member's persistence folder (a cluster started with "
+        "--data-dir)", description="Take a point-in-time copy of each member's log and "
+        "metadata into DIR/<member>/ while the cluster runs (sealed log segments are "
+        "hard-linked). `shmgrid start --data-dir DIR` restarts from it.")
+    common(sp)
+    sp.add_argument("dir", help="a new (or empty) folder")
+    sp.set_defaults(func=cmd_backup)
 
     sp = sub.add_parser("bench", help="measure put/get/put_all/get_all against a cluster")
     common(sp)

@@ -42,6 +42,8 @@ CHANGE_STATE, STATE_LOCK, STATE_COMMIT, STATE_UNLOCK = (
     "change_state", "state_lock", "state_commit", "state_unlock")
 # Lite member promotion: client → the lite member, which asks the master (seed 000).
 PROMOTE_LOCAL, PROMOTE = "promote_local", "promote"
+# CLI → each member: a point-in-time copy of its persistence folder (hot restart backup).
+PERSIST_BACKUP = "persist_backup"
 # Supervisor → member.
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
@@ -51,7 +53,8 @@ FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
 CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
                          JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE,
                          MIGRATE, FRAGMENT, COMMIT, LEAVE, CHANGE_STATE, STATE_LOCK,
-                         STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE})
+                         STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE,
+                         PERSIST_BACKUP})
 SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER})
 SECRET_FIELD = "k"
 

@@ -10,6 +10,7 @@ keeps serving if the supervisor dies.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -26,6 +27,8 @@ from grid import protocol as p
 from grid.client.registry import create_time, write_registry
 from grid.config import SECRET_ENV, GridConfig
 from grid.errors import NotAuthorizedError
+from persistence import MetadataStore
+from persistence.errors import CorruptMetadataError
 from workers.member import run_member
 from workers.shm import remove_segments
 
@@ -42,12 +45,29 @@ class StartupError(RuntimeError):
 
 def restart_names(persistence_dir: str) -> list[str]:
     """The members whose folders ``persistence_dir`` holds (a member's identity file in
-    it), oldest first: the order of the newest member list among them."""
+    it), in the order they were first started. StartupError if the folders come from more
+    than one cluster, or disagree on the partition count."""
     if not persistence_dir or not os.path.isdir(persistence_dir):
         return []
-    names = sorted(n for n in os.listdir(persistence_dir)
-                   if os.path.isfile(os.path.join(persistence_dir, n, "meta", "identity.meta")))
-    return sorted(names, key=_index)
+    identities: dict[str, dict[str, Any]] = {}
+    for name in os.listdir(persistence_dir):
+        meta = MetadataStore(os.path.join(persistence_dir, name, "meta"))
+        if not os.path.isfile(meta.file_path("identity")):
+            continue
+        try:
+            identities[name] = json.loads(meta.read("identity") or b"{}")
+        except (CorruptMetadataError, ValueError) as exc:
+            raise StartupError(f"the identity of {name} under {persistence_dir} is damaged: "
+                               f"{exc}") from exc
+    for key in ("cluster_name", "partition_count"):
+        seen: dict[Any, list[str]] = {}
+        for name, identity in identities.items():
+            seen.setdefault(identity.get(key), []).append(name)
+        if len(seen) > 1:
+            raise StartupError(f"the member folders under {persistence_dir} disagree on "
+                               f"{key}: " + "; ".join(f"{', '.join(sorted(n))}: {v!r}"
+                                                     for v, n in seen.items()))
+    return sorted(identities, key=_index)
 
 
 def _index(name: str) -> int:

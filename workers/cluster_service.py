@@ -103,6 +103,8 @@ class ClusterService:
         self.restored_table: PartitionTable | None = None
         self.restored_state: ClusterState | None = None
         self.restored_stamps: dict[str, int | None] = {}
+        self.restored_clean: dict[str, bool] = {}  # master: who stopped in order
+        self.in_sync_publish = False  # master: the restart's first publish needs no SYNC
         journal = member.journal
         if journal is not None and journal.restored.table is not None:
             try:
@@ -182,7 +184,7 @@ class ClusterService:
     def view_fields(self) -> dict[str, Any]:
         return {"members": self.members.to_wire(), "table": self.table.to_wire(),
                 "state": self.state.value, "sv": self.state_version,
-                "saved": self.saved_state.value}
+                "saved": self.saved_state.value, "in_sync": self.in_sync_publish}
 
     @property
     def is_lite(self) -> bool:
@@ -230,9 +232,10 @@ class ClusterService:
         if now - self.join_started > JOIN_TIMEOUT_S:
             raise RuntimeError(f"could not join the cluster at {self.join_endpoints}")
         restored = self.restored_table.stamp() if self.restored_table is not None else None
+        clean = self.member.journal is not None and self.member.journal.restored.clean
         for endpoint in list(self.join_endpoints):
             self.member.request_peer(endpoint, p.JOIN, {"info": self.member.info.to_wire(),
-                                                        "restored": restored},
+                                                        "restored": restored, "clean": clean},
                                      [], self._on_join_reply, timeout=JOIN_RETRY_S * 2)
 
     def _on_join_reply(self, header: dict[str, Any] | None, frames: list[bytes]) -> None:
@@ -268,6 +271,7 @@ class ClusterService:
             return
         if info.uuid not in self.members:
             self.restored_stamps[info.uuid] = header.get("restored")
+            self.restored_clean[info.uuid] = header.get("clean") is True
             if not self.state.join_allowed:
                 self.member.reply_error(ident, header, p.STATE, "join refused",
                                         op="join", state=self.state.value)
@@ -305,6 +309,8 @@ class ClusterService:
                 self.member.running = False
                 return
             newer = members
+        if fields.get("in_sync") and self.member.journal is not None:
+            self._owning_already(table)
         state, version = fields.get("state"), fields.get("sv")
         saved = fields.get("saved")
         if isinstance(state, str) and state in ClusterState.__members__ and \
@@ -491,7 +497,15 @@ class ClusterService:
                 self.member.reply_ok(ident, header, assigned=False, refused=refusal)
                 return
             if self.restored_table is not None:
+                # Every member stopped in order: owners and backups hold the same writes, so
+                # the owners need not send their partitions to their backups (a SYNC each).
+                in_sync = self.member.journal.restored.clean and all(
+                    self.restored_clean.get(u) for u in self.members.uuids if u != self.me)
+                if in_sync:
+                    self._owning_already(self.restored_table)
+                self.in_sync_publish = in_sync
                 self._change_view(self.members, self.restored_table.copy())
+                self.in_sync_publish = False
                 self.take_state(self.restored_state, self.state_version + 1)
                 log.info("restarted on the partition table of the files (stamp %x), %s",
                          self.table.stamp(), self.state)
@@ -501,6 +515,12 @@ class ClusterService:
                 log.info("assigned %d partitions over %d members", self.table.partition_count,
                          len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
+
+    def _owning_already(self, table: PartitionTable) -> None:
+        """Owners in ``table`` hold their partitions as their backups do (a clean restart):
+        taking the table is no promotion that must bring the backups up to date."""
+        self.member.maps.owned.update(pid for pid in range(table.partition_count)
+                                      if table.owner(pid) == self.me)
 
     def _restart_refusal(self) -> str:
         """Why the members cannot form a cluster on what their files hold, or "": every

@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Restored:
     members: Any = None  # the member list it last followed (wire form), if any
     table: Any = None  # the partition table (wire form), if any
     state: str | None = None
+    clean: bool = False  # it stopped cleanly: its log holds every write it applied
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -83,16 +85,22 @@ class Journal:
         except CorruptMetadataError as exc:
             raise JournalError(f"{name}'s metadata under {folder} is damaged: {exc}") from exc
         self.restored = Restored(members=view.get("members"), table=view.get("table"),
-                                 state=view.get("state"))
+                                 state=view.get("state"), clean=view.get("clean") is True)
+        self._view = view
         if identity is not None:
+            # Another cluster name is fine: a copied folder starts a new cluster (seed 003,
+            # requirement 9); the supervisor checks that all folders agree on one.
             differs = [f"{key} {identity.get(key)!r} there, {value!r} here"
-                       for key, value in (("cluster_name", cluster_name), ("name", name),
-                                          ("partition_count", partition_count))
+                       for key, value in (("name", name), ("partition_count", partition_count))
                        if identity.get(key) != value]
             if differs:
-                raise JournalError(f"{folder} holds another member's data: " + "; ".join(
-                    differs) + ". Start with the settings it was written with, or another "
-                    "--data-dir")
+                raise JournalError(f"{folder} holds data this member cannot load: " +
+                                   "; ".join(differs) + ". A key's partition follows from "
+                                   "partition_count, so the files load only under the count "
+                                   "they were written with")
+            if identity.get("cluster_name") != cluster_name:
+                log.info("%s was written by cluster %r; it starts cluster %r now", folder,
+                         identity.get("cluster_name"), cluster_name)
             self.restored.uuid = identity.get("uuid")
         self.identity = {"name": name, "cluster_name": cluster_name,
                          "partition_count": partition_count}
@@ -141,6 +149,8 @@ class Journal:
         for damage in recovery.damages:
             log.warning("log damage skipped while loading: %s", damage)
         restored.seconds = time.monotonic() - started
+        if self._view.get("clean"):  # from now on a crash must not pass for a clean stop
+            self._write_json(VIEW, {**self._view, "clean": False})
         slow = float(os.environ.get(SLOW_DISK_ENV) or 0)
         self.log = LogStore(path, fsync=self.fsync, fsync_interval=self.fsync_interval,
                             _file_ops=_SlowDisk(slow) if slow > 0 else None)
@@ -183,12 +193,28 @@ class Journal:
 
     # -- the view --------------------------------------------------------------------------------
 
-    def save_view(self, members: Any, table: Any, state: str, state_version: int) -> None:
+    def save_view(self, members: Any, table: Any, state: str, state_version: int,
+                  clean: bool = False) -> None:
         """The member list, table and state this member follows (written at most once a
-        tick: a migration changes the table often, and each write is an fsync)."""
-        self._write_json(VIEW, {"members": members, "table": table, "state": state,
-                                "sv": state_version})
+        tick: a migration changes the table often, and each write is an fsync); ``clean``
+        when the member stops in order, its log closed after."""
+        self._view = {"members": members, "table": table, "state": state,
+                      "sv": state_version, "clean": clean}
+        self._write_json(VIEW, self._view)
         self.view_dirty = False
+
+    def backup(self, dest: str) -> dict[str, Any]:
+        """A point-in-time copy of this folder in ``dest`` (must not exist or be empty): the
+        log's sealed segments hard-linked (persistence/store.py ``backup``), then the
+        metadata as it is now, so that a start on ``dest`` restarts from that point."""
+        result = self.log.backup(os.path.join(dest, "log"))
+        meta = os.path.join(dest, "meta")
+        os.makedirs(meta, exist_ok=True)
+        for name in os.listdir(self.meta.path):
+            if name.endswith(".meta"):
+                shutil.copy2(os.path.join(self.meta.path, name), os.path.join(meta, name))
+        return {"dir": dest, "seq_last": result.seq_last, "segments": result.segment_count,
+                "bytes_copied": result.bytes_copied}
 
     def stats(self) -> dict[str, Any]:
         stats = self.log.stats() if self.log is not None else None

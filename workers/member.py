@@ -135,6 +135,9 @@ class Member(Node):
 
     def run(self) -> None:
         try:
+            # The supervisor has our endpoint already, so the members load in parallel; the
+            # others' joins wait (and retry) until we serve.
+            self.restore()
             self._loop()
         finally:
             self.close()
@@ -198,7 +201,8 @@ class Member(Node):
             # Backup operations sent and not yet acknowledged (a slow or hung backup grows it).
             backup_backlog=self.maps.streams.unacked_count(),
             members_version=self.cluster.members.version,
-            stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name)
+            stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name,
+            persistence=self.journal.stats() if self.journal is not None else None)
 
     def _on_shutdown(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.reply_ok(ident, header)
@@ -210,7 +214,10 @@ class Member(Node):
         self.running = False
         if self.journal is not None:
             try:
-                self.save_view()
+                # Clean only if we stop in order: every write we applied is in the log.
+                if self.journal.log is not None:
+                    self.journal.log.close()
+                    self.save_view(clean=self.journal.log.failure is None)
                 self.journal.close()
             except Exception:
                 log.exception("could not close the persistence log cleanly")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
 from grid.errors import GridError, NotAuthorizedError, ProtocolError
+from persistence import PersistenceError
 from workers.cluster_service import ClusterService
 from workers.journal import Journal
 from workers.map_service import MapService
@@ -43,17 +45,13 @@ class Node:
         self.running = True
         self.store = RecordStore(f"shmgrid-{config.cluster_name}-{info.name}",
                                  max_record_bytes=config.max_value_bytes + 8)
-        self.journal = journal
-        if journal is not None:  # recovery mode: the log into shared memory, then append
-            restored = journal.restore(self.store.put_many, self.wake)
-            log.info("loaded %d records (%.1f MB) from %s in %.2f s", restored.records,
-                     restored.bytes / 1e6, journal.folder, restored.seconds)
-            self.store.journal = journal
+        self.journal = journal  # its log is loaded by ``restore``, before the member runs
         self.cluster = ClusterService(self, join_endpoints)
         self.maps = MapService(self)
         self.migrations = MigrationService(self)
         self.states = StateService(self)
-        self.handlers: dict[str, Handler] = {p.PING: self._on_ping}
+        self.handlers: dict[str, Handler] = {p.PING: self._on_ping,
+                                             p.PERSIST_BACKUP: self._on_persist_backup}
         self.handlers.update(self.cluster.handlers())
         self.handlers.update(self.maps.handlers())
         self.handlers.update(self.migrations.handlers())
@@ -179,11 +177,42 @@ class Node:
         if self.journal is not None and self.journal.view_dirty:
             self.save_view()
 
-    def save_view(self) -> None:
-        """Persist the member list, table and state we follow (hot restart)."""
+    def restore(self) -> None:
+        """Recovery mode (hot restart): the log into shared memory, then open it for
+        appending. Before the member joins or serves anything."""
+        journal = self.journal
+        if journal is None or journal.log is not None:
+            return
+        restored = journal.restore(self.store.put_many, self.wake)
+        log.info("loaded %d records (%.1f MB) from %s in %.2f s", restored.records,
+                 restored.bytes / 1e6, journal.folder, restored.seconds)
+        self.store.journal = journal
+
+    def save_view(self, clean: bool = False) -> None:
+        """Persist the member list, table and state we follow (hot restart); not before
+        the log is loaded, or an empty view would replace the saved one."""
+        if self.journal.log is None:
+            return
         cluster = self.cluster
         self.journal.save_view(cluster.members.to_wire(), cluster.table.to_wire(),
-                               cluster.saved_state.value, cluster.state_version)
+                               cluster.saved_state.value, cluster.state_version, clean)
+
+    def _on_persist_backup(self, ident: bytes, header: dict[str, Any],
+                           frames: list[bytes]) -> None:
+        folder = header.get("dir")
+        if not isinstance(folder, str) or not os.path.isabs(folder):
+            raise ProtocolError("a backup names an absolute folder (dir)")
+        if self.journal is None:
+            self.reply_error(ident, header, p.STATE, "this cluster runs without --data-dir, so "
+                             "there is nothing to back up", op="backup", state="in memory")
+            return
+        self.save_view()
+        try:
+            result = self.journal.backup(os.path.join(folder, self.name))
+        except (OSError, PersistenceError) as exc:
+            self.reply_error(ident, header, p.SERVER, f"backup of {self.name} failed: {exc}")
+            return
+        self.reply_ok(ident, header, **result)
 
     def _on_ping(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         self.reply_ok(ident, header, cluster=self.config.cluster_name, uuid=self.info.uuid,

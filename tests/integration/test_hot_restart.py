@@ -4,10 +4,12 @@ folders; a cluster stopped, or killed with its supervisor, starts again from the
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
 
+import grid
 from grid.client.registry import pid_alive
 from tests.conftest import run_cli
 from tests.integration.test_failover import Writers, _assert_all_readable, _status, _wait
@@ -77,15 +79,39 @@ def test_kill_minus_9_of_everything_under_writes_loses_no_acknowledged_write(
     assert _status(cluster)["safe"]
 
 
-def test_another_clusters_files_are_refused_naming_what_differs(cluster_factory, tmp_path):
-    cluster = cluster_factory(members=2, data_dir=tmp_path)
+def test_a_copied_folder_starts_a_new_cluster_and_mismatches_are_refused(cluster_factory,
+                                                                         tmp_path):
+    """Seed 003 requirement 9: move (copy) the files, start them under another name."""
+    source = tmp_path / "a"
+    cluster = cluster_factory(members=2, data_dir=source)
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: i for i in range(500)})
     cluster.cli("stop")
-    other = run_cli("start", "--detach", "--cluster-name", cluster.cluster_name + "x",
-                    "--data-dir", str(tmp_path), check=False, timeout=120)
-    assert other.returncode != 0
-    output = other.stdout + other.stderr
-    assert "another member's data" in output and "cluster_name" in output, output
-    run_cli("stop", "--cluster-name", cluster.cluster_name + "x", check=False)
+    copy = tmp_path / "b"
+    shutil.copytree(source, copy)
+    name = cluster.cluster_name + "b"
+    try:
+        run_cli("start", "--detach", "--cluster-name", name, "--data-dir", str(copy),
+                timeout=120)
+        with grid.connect(cluster_name=name) as client:
+            assert client.get_map("m").get_all(list(range(500))) == {i: i for i in range(500)}
+    finally:
+        run_cli("stop", "--cluster-name", name, check=False)
+    # What cannot be loaded is refused, saying exactly what differs.
+    other_count = _restart(cluster, source, "--partition-count", "97", check=False)
+    assert other_count.returncode != 0
+    assert "partition_count 271 there, 97 here" in other_count.stdout + other_count.stderr
+    other_members = _restart(cluster, source, "--members", "3", check=False)
+    assert other_members.returncode == 1
+    assert "holds 2 members' folders" in other_members.stderr
+    shutil.copytree(copy / "member-1", source / "member-9")  # a folder of another cluster
+    (source / "member-9" / "meta" / "identity.meta").unlink()
+    run_cli("start", "--detach", "--cluster-name", name, "--members", "1", "--data-dir",
+            str(tmp_path / "c"), timeout=120)
+    run_cli("stop", "--cluster-name", name)
+    shutil.copytree(tmp_path / "c" / "member-0", source / "member-9", dirs_exist_ok=True)
+    mixed = _restart(cluster, source, check=False)
+    assert mixed.returncode == 1 and "disagree on cluster_name" in mixed.stderr, mixed.stderr
 
 
 def test_a_missing_member_fails_the_restart_naming_what_is_missing(cluster_factory,
@@ -105,3 +131,25 @@ def test_a_missing_member_fails_the_restart_naming_what_is_missing(cluster_facto
     failed = _restart(cluster, tmp_path, check=False)
     assert failed.returncode != 0
     assert "missing" in failed.stdout + failed.stderr, failed.stdout + failed.stderr
+
+
+def test_a_backup_taken_under_writes_restarts_as_a_cluster(cluster_factory, tmp_path):
+    cluster = cluster_factory(members=3, data_dir=tmp_path / "live")
+    with Writers(cluster) as writers:
+        writers.wait_for(500)
+        with writers.lock:
+            before = dict(writers.acked)
+        out = cluster.cli("backup", str(tmp_path / "copy")).stdout
+        assert out.count("segments up to record") == 3 and "restart from it" in out
+    cluster.cli("stop")
+    name = cluster.cluster_name + "c"
+    try:
+        run_cli("start", "--detach", "--cluster-name", name, "--data-dir",
+                str(tmp_path / "copy"), timeout=120)
+        with grid.connect(cluster_name=name) as client:
+            got = client.get_map("acked").get_all(list(before))
+        assert got == before, "every write acknowledged before the backup is in it"
+    finally:
+        run_cli("stop", "--cluster-name", name, check=False)
+    refused = cluster_factory(members=1).cli("backup", str(tmp_path / "x"), check=False)
+    assert refused.returncode == 1 and "without --data-dir" in refused.stderr

@@ -489,6 +489,38 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_force_start(args: argparse.Namespace) -> int:
+    """Delete every member's folder under --data-dir (after a confirmation), then start."""
+    import shutil
+
+    from grid.supervisor import restart_names
+
+    config = _config(args)
+    with contextlib.suppress(ClusterNotRunningError):
+        data = read_registry(config.registry_path())
+        if is_registered_process(data.get("supervisor", {})):
+            print(f"error: cluster {config.cluster_name!r} is running; stop it first",
+                  file=sys.stderr)
+            return 1
+    folder = config.persistence_dir
+    try:
+        names = restart_names(folder)
+    except Exception:  # damaged or mixed folders are what force-start is for
+        names = sorted(n for n in os.listdir(folder)
+                       if os.path.isdir(os.path.join(folder, n, "meta")))
+    if names and not args.yes:
+        answer = input(f"delete the data of {len(names)} members under {folder} "
+                       f"({', '.join(names)}) and start empty? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    for name in names:
+        shutil.rmtree(os.path.join(folder, name))
+    if names:
+        print(f"deleted the data of {', '.join(names)}")
+    return cmd_start(args)
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     """A point-in-time copy of every member's persistence folder into DIR."""
     try:
@@ -544,26 +576,41 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--cluster-name", help="which cluster (default: dev, or "
                         "$SHMGRID_CLUSTER_NAME)")
 
+    def start_options(sp: argparse.ArgumentParser) -> None:
+        common(sp)
+        sp.add_argument("--members", type=int, help="member processes (default 3)")
+        sp.add_argument("--backup-count", type=int,
+                        help="synchronous backups, 0..6 (default 1)")
+        sp.add_argument("--partition-count", type=int, help="partitions (default 271)")
+        sp.add_argument("--heartbeat-interval", type=float, help="seconds (default 1)")
+        sp.add_argument("--heartbeat-timeout", type=float,
+                        help="seconds without heartbeat before a member is removed "
+                        "(default 10)")
+        sp.add_argument("--config", help="a TOML file with configuration keys")
+        sp.add_argument("--fsync", choices=["always", "interval", "never"],
+                        help="with --data-dir: fsync before a write is acknowledged (always), "
+                        "every persistence_fsync_interval (interval, the default), or never")
+        sp.add_argument("--detach", action="store_true",
+                        help="run in the background; stop with `shmgrid stop`")
+
     sp = sub.add_parser("start", help="start a local cluster",
                         description="Start a supervisor that runs N member processes, wait "
                         "until every partition is assigned, print the endpoints.")
-    common(sp)
-    sp.add_argument("--members", type=int, help="member processes (default 3)")
-    sp.add_argument("--backup-count", type=int, help="synchronous backups, 0..6 (default 1)")
-    sp.add_argument("--partition-count", type=int, help="partitions (default 271)")
-    sp.add_argument("--heartbeat-interval", type=float, help="seconds (default 1)")
-    sp.add_argument("--heartbeat-timeout", type=float,
-                    help="seconds without heartbeat before a member is removed (default 10)")
-    sp.add_argument("--config", help="a TOML file with configuration keys")
+    start_options(sp)
     sp.add_argument("--data-dir", help="hot restart: each member writes every mutation under "
                     "DIR/<member>/, and a start on a DIR that holds members' folders restarts "
                     "them from their files (persistence_dir)")
-    sp.add_argument("--fsync", choices=["always", "interval", "never"],
-                    help="with --data-dir: fsync before a write is acknowledged (always), "
-                    "every persistence_fsync_interval (interval, the default), or never")
-    sp.add_argument("--detach", action="store_true",
-                    help="run in the background; stop with `shmgrid stop`")
     sp.set_defaults(func=cmd_start)
+
+    sp = sub.add_parser(
+        "force-start", help="delete every member's files under --data-dir and start empty",
+        description="For a cluster that cannot restart from its files (members missing, "
+        "tables that differ): delete every member's folder under DIR, after a confirmation, "
+        "and start a new, empty cluster that persists there.")
+    start_options(sp)
+    sp.add_argument("--data-dir", required=True, help="the persistence folder to wipe")
+    sp.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    sp.set_defaults(func=cmd_force_start)
 
     sp = sub.add_parser("stop", help="stop a running cluster and clean up")
     common(sp)

@@ -60,6 +60,13 @@ class GridConfig:
     # loses at most that window), "never" (the OS decides).
     persistence_fsync: str = "interval"
     persistence_fsync_interval: float = 0.05
+    # When members' files disagree or some are missing (grid/cluster/restart.py):
+    # full_recovery_only refuses; partial_recovery_most_recent / _most_complete restart on
+    # the newest / largest group of members that restored one table.
+    restart_policy: str = "full_recovery_only"
+    # A member whose files are older than the chosen table's: wiped and given a share by
+    # migrations (true), or removed with its folder kept (false).
+    auto_remove_stale_data: bool = True
     # Control messages (member list changes, state, shutdown, fences) carry this; the supervisor
     # creates one at start when none is set, and keeps it in the registry file (mode 0600).
     cluster_secret: str = field(default="", repr=False)
@@ -84,6 +91,10 @@ class GridConfig:
         if self.persistence_fsync not in ("always", "interval", "never"):
             errors.append(f"persistence_fsync must be always, interval or never, not "
                           f"{self.persistence_fsync!r}")
+        if self.restart_policy not in ("full_recovery_only", "partial_recovery_most_recent",
+                                       "partial_recovery_most_complete"):
+            errors.append(f"restart_policy {self.restart_policy!r} is not full_recovery_only, "
+                          "partial_recovery_most_recent or partial_recovery_most_complete")
         if self.persistence_fsync_interval <= 0:
             errors.append("persistence_fsync_interval must be positive")
         if errors:

@@ -240,16 +240,30 @@ class Supervisor:
         """Until the master lists ``expected`` members and has assigned every partition."""
         deadline = time.monotonic() + timeout
         master = next(iter(self.members.values()))
+        formed = False
         while time.monotonic() < deadline:
-            view = self._ask(master, p.TABLE)
-            if view and view.get("ok") and len(view["members"][1]) >= expected:
-                reply = self._ask(master, p.FORM)
-                if reply and reply.get("refused"):
-                    raise StartupError(reply["refused"])
-                if reply and reply.get("assigned") and self._members_agree():
+            if not formed:
+                view = self._ask(master, p.TABLE)
+                if view and view.get("ok") and len(view["members"][1]) >= expected:
+                    reply = self._ask(master, p.FORM)
+                    if reply and reply.get("refused"):
+                        raise StartupError(reply["refused"])
+                    # A restart may form without members whose files are stale (fenced).
+                    formed = bool(reply and reply.get("assigned"))
+            if formed:
+                self._reap_fenced()
+                if self._members_agree():
                     return
             time.sleep(0.05)
         raise StartupError(f"the cluster did not form within {timeout:g} s")
+
+    def _reap_fenced(self) -> None:
+        """While the cluster forms: take the master's fence requests (a restart removes a
+        member whose files are stale) and forget members that died."""
+        self._drain_commands()
+        for member in list(self.members.values()):
+            if not member.process.is_alive():
+                self._on_death(member)
 
     def _members_agree(self) -> bool:
         """Every live member follows the same table (its stamp) and member list."""

@@ -24,6 +24,7 @@ from grid.cluster.migrations import (
 )
 from grid.cluster.recovery import collected_table
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
+from grid.cluster.restart import RestartDecision, decide_restart
 from grid.cluster.state import ClusterState
 from grid.errors import ProtocolError
 from grid.partition.table import PartitionTable, PartitionTableError
@@ -102,7 +103,8 @@ class ClusterService:
         # of the table each joining member restored, checked before the cluster forms on it.
         self.restored_table: PartitionTable | None = None
         self.restored_state: ClusterState | None = None
-        self.restored_stamps: dict[str, int | None] = {}
+        self.restored_tables: dict[str, PartitionTable | None] = {}
+        self.wipe_publish: list[str] = []  # master: members told to drop their stale data
         self.restored_clean: dict[str, bool] = {}  # master: who stopped in order
         self.in_sync_publish = False  # master: the restart's first publish needs no SYNC
         journal = member.journal
@@ -184,7 +186,8 @@ class ClusterService:
     def view_fields(self) -> dict[str, Any]:
         return {"members": self.members.to_wire(), "table": self.table.to_wire(),
                 "state": self.state.value, "sv": self.state_version,
-                "saved": self.saved_state.value, "in_sync": self.in_sync_publish}
+                "saved": self.saved_state.value, "in_sync": self.in_sync_publish,
+                "wipe": self.wipe_publish}
 
     @property
     def is_lite(self) -> bool:
@@ -231,7 +234,7 @@ class ClusterService:
         self.next_join = now + JOIN_RETRY_S
         if now - self.join_started > JOIN_TIMEOUT_S:
             raise RuntimeError(f"could not join the cluster at {self.join_endpoints}")
-        restored = self.restored_table.stamp() if self.restored_table is not None else None
+        restored = self.restored_table.to_wire() if self.restored_table is not None else None
         clean = self.member.journal is not None and self.member.journal.restored.clean
         for endpoint in list(self.join_endpoints):
             self.member.request_peer(endpoint, p.JOIN, {"info": self.member.info.to_wire(),
@@ -270,7 +273,12 @@ class ClusterService:
                                     master=master.endpoint if master else None)
             return
         if info.uuid not in self.members:
-            self.restored_stamps[info.uuid] = header.get("restored")
+            try:
+                restored = header.get("restored")
+                self.restored_tables[info.uuid] = None if restored is None else \
+                    PartitionTable.from_wire(restored)
+            except PartitionTableError:
+                self.restored_tables[info.uuid] = None
             self.restored_clean[info.uuid] = header.get("clean") is True
             if not self.state.join_allowed:
                 self.member.reply_error(ident, header, p.STATE, "join refused",
@@ -311,6 +319,8 @@ class ClusterService:
             newer = members
         if fields.get("in_sync") and self.member.journal is not None:
             self._owning_already(table)
+        if self.me in (fields.get("wipe") or ()) and self.member.journal is not None:
+            self._wipe()  # the restart's first table: our files are older than the cluster's
         state, version = fields.get("state"), fields.get("sv")
         saved = fields.get("saved")
         if isinstance(state, str) and state in ClusterState.__members__ and \
@@ -491,24 +501,16 @@ class ClusterService:
             self.member.reply_error(ident, header, p.NOT_READY, "not the master")
             return
         if not self.table.is_assigned() and self.members.data_members:
-            refusal = self._restart_refusal()
-            if refusal:
-                log.error("cannot form the cluster from its files: %s", refusal)
-                self.member.reply_ok(ident, header, assigned=False, refused=refusal)
+            names = {m.uuid: m.name for m in self.members.members}
+            restored = {u: self.restored_tables.get(u) for u in self.members.uuids}
+            restored[self.me] = self.restored_table
+            decision = decide_restart(restored, names, self.config.restart_policy)
+            if decision.refusal:
+                log.error("cannot form the cluster from its files: %s", decision.refusal)
+                self.member.reply_ok(ident, header, assigned=False, refused=decision.refusal)
                 return
-            if self.restored_table is not None:
-                # Every member stopped in order: owners and backups hold the same writes, so
-                # the owners need not send their partitions to their backups (a SYNC each).
-                in_sync = self.member.journal.restored.clean and all(
-                    self.restored_clean.get(u) for u in self.members.uuids if u != self.me)
-                if in_sync:
-                    self._owning_already(self.restored_table)
-                self.in_sync_publish = in_sync
-                self._change_view(self.members, self.restored_table.copy())
-                self.in_sync_publish = False
-                self.take_state(self.restored_state, self.state_version + 1)
-                log.info("restarted on the partition table of the files (stamp %x), %s",
-                         self.table.stamp(), self.state)
+            if decision.table is not None:
+                self._form_restarted(decision, names)
             else:
                 self._change_view(self.members, initial_assignment(
                     self.table, self.members.data_members, self.config.backup_count))
@@ -516,36 +518,57 @@ class ClusterService:
                          len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
 
+    def _form_restarted(self, decision: RestartDecision, names: dict[str, str]) -> None:
+        """Form on the table the members' files hold (seed 003): without the members that
+        did not come, and without (or wiped of) those whose data is stale."""
+        members, table = self.members, decision.table
+        stale = decision.stale
+        if stale and not self.config.auto_remove_stale_data:
+            log.error("removing %s: their data is older than the cluster's "
+                      "(auto_remove_stale_data is false, so their folders stay as they are)",
+                      ", ".join(sorted(names[u] for u in stale)))
+            members = members.without(stale)
+            self.dead |= stale
+        elif stale:
+            log.warning("%s hold stale data: it is wiped, and migrations give them a share",
+                        ", ".join(sorted(names[u] for u in stale)))
+            if self.me in stale:
+                self._wipe()
+        gone = decision.missing | stale
+        if decision.missing:
+            log.warning("restarting without %d members of the saved table; their replicas "
+                        "are re-created by migrations", len(decision.missing))
+            self._report_lost(decision.missing | (stale if members is not self.members
+                                                  else set()), table)
+        table = remove_members(table, gone, members.data_members, self.config.backup_count)
+        # Every member stopped in order: owners and backups hold the same writes, so the
+        # owners need not send their partitions to their backups (a SYNC each).
+        in_sync = not gone and self.member.journal.restored.clean and all(
+            self.restored_clean.get(u) for u in members.uuids if u != self.me)
+        if in_sync:
+            self._owning_already(table)
+        self.in_sync_publish, self.wipe_publish = in_sync, sorted(stale - {self.me})
+        self._change_view(members, table)
+        self.in_sync_publish, self.wipe_publish = False, []
+        self.take_state(self.restored_state, self.state_version + 1)
+        self.plan_wanted = True
+        log.info("restarted on the partition table of the files (stamp %x), %s",
+                 decision.table.stamp(), self.state)
+        for uuid in stale if members is not self.members else ():
+            self.member.notify_supervisor(p.FENCE, uuid=uuid, reason="stale data")
+
+    def _wipe(self) -> None:
+        """Drop every partition this member holds (its data is stale), on disk too."""
+        for pid in self.member.store.partitions():
+            self.member.store.drop_partition(pid)
+            self.member.maps.versions.clear(pid)
+
     def _owning_already(self, table: PartitionTable) -> None:
         """Owners in ``table`` hold their partitions as their backups do (a clean restart):
         taking the table is no promotion that must bring the backups up to date."""
         self.member.maps.owned.update(pid for pid in range(table.partition_count)
                                       if table.owner(pid) == self.me)
 
-    def _restart_refusal(self) -> str:
-        """Why the members cannot form a cluster on what their files hold, or "": every
-        member restored the same table (its stamp) and every member it names is here, or
-        nobody restored anything (seed 003; the full_recovery_only policy)."""
-        names = {m.uuid: m.name for m in self.members.members}
-        mine = self.restored_table.stamp() if self.restored_table is not None else None
-        stamps = {uuid: self.restored_stamps.get(uuid) for uuid in self.members.uuids
-                  if uuid != self.me}
-        stamps[self.me] = mine
-        if mine is None:
-            holding = [names[u] for u, stamp in stamps.items() if stamp is not None]
-            return (f"{', '.join(sorted(holding))} hold data of an earlier run, the master "
-                    f"{names[self.me]} none; start them on their own folder, or remove "
-                    f"it") if holding else ""
-        differ = sorted(names[u] for u, stamp in stamps.items() if stamp != mine)
-        if differ:
-            return (f"the partition tables differ: {', '.join(differ)} restored another "
-                    f"table than {names[self.me]} (stamp {mine:x})")
-        missing = {u for row in range(self.restored_table.partition_count)
-                   for u in self.restored_table.replicas(row) if u is not None} - set(names)
-        if missing:
-            return (f"members of the saved table are missing: {len(missing)} "
-                    f"({', '.join(sorted(missing))[:200]})")
-        return ""
 
     def _change_view(self, members: MemberList, table: PartitionTable) -> None:
         """Master only: adopt a new member list and table locally, then publish both."""

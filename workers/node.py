@@ -190,8 +190,9 @@ class Node:
 
     def save_view(self, clean: bool = False) -> None:
         """Persist the member list, table and state we follow (hot restart); not before
-        the log is loaded, or an empty view would replace the saved one."""
-        if self.journal.log is None:
+        the log is loaded and a table was formed, or an empty view would replace the saved
+        one (a restart that was refused must leave the files as they were)."""
+        if self.journal.log is None or not self.cluster.table.is_assigned():
             return
         cluster = self.cluster
         self.journal.save_view(cluster.members.to_wire(), cluster.table.to_wire(),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,7 @@ import grid
 from grid.client.registry import pid_alive
 from tests.conftest import run_cli
 from tests.integration.test_failover import Writers, _assert_all_readable, _status, _wait
+from tests.integration.test_migrations import _wait_safe
 from workers.journal import SLOW_DISK_ENV
 
 pytestmark = pytest.mark.timeout(300)
@@ -131,6 +134,17 @@ def test_a_missing_member_fails_the_restart_naming_what_is_missing(cluster_facto
     failed = _restart(cluster, tmp_path, check=False)
     assert failed.returncode != 0
     assert "missing" in failed.stdout + failed.stderr, failed.stdout + failed.stderr
+    # force-start: asks first, then deletes every member's files and starts empty.
+    asked = subprocess.run([sys.executable, "-m", "grid", "force-start", "--cluster-name",
+                            cluster.cluster_name, "--data-dir", str(tmp_path), "--detach"],
+                           input="n\n", capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 1 and "nothing deleted" in asked.stdout
+    assert sorted(os.listdir(tmp_path)) == ["member-0", "member-1"]
+    run_cli("force-start", "--cluster-name", cluster.cluster_name, "--data-dir", str(tmp_path),
+            "--detach", "--yes", timeout=120)
+    with cluster.connect() as client:
+        assert client.get_map("m").size() == 0
+    assert sorted(os.listdir(tmp_path)) == ["member-0", "member-1", "member-2"]
 
 
 def test_a_backup_taken_under_writes_restarts_as_a_cluster(cluster_factory, tmp_path):
@@ -153,3 +167,56 @@ def test_a_backup_taken_under_writes_restarts_as_a_cluster(cluster_factory, tmp_
         run_cli("stop", "--cluster-name", name, check=False)
     refused = cluster_factory(members=1).cli("backup", str(tmp_path / "x"), check=False)
     assert refused.returncode == 1 and "without --data-dir" in refused.stderr
+
+
+def _remove_folder(path) -> None:
+    shutil.rmtree(path)
+
+
+def test_partial_recovery_restarts_without_a_missing_member(cluster_factory, tmp_path,
+                                                           monkeypatch):
+    cluster = cluster_factory(members=3, data_dir=tmp_path)
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: i for i in range(2000)})
+    cluster.cli("stop")
+    _remove_folder(tmp_path / "member-1")
+    monkeypatch.setenv("SHMGRID_RESTART_POLICY", "partial_recovery_most_recent")
+    _restart(cluster, tmp_path)
+    status = _wait_safe(cluster)
+    assert {m["name"] for m in status["members"]} == {"member-0", "member-2"}
+    with cluster.connect() as client:
+        # Backup 1: every partition had a replica on a member that came back.
+        assert client.get_map("m").get_all(list(range(2000))) == {i: i for i in range(2000)}
+
+
+@pytest.mark.parametrize("auto_remove", [True, False], ids=["wiped", "removed"])
+def test_a_member_with_stale_files_is_wiped_or_removed(cluster_factory, tmp_path,
+                                                       monkeypatch, auto_remove):
+    """member-2's folder is put back as it was before the cluster moved on: its table is
+    older than the others', its data stale."""
+    cluster = cluster_factory(members=3, data_dir=tmp_path / "d")
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: "old" for i in range(1000)})
+    cluster.cli("stop")
+    shutil.copytree(tmp_path / "d" / "member-2", tmp_path / "old-member-2")
+    _restart(cluster, tmp_path / "d")
+    cluster.cli("add-member")  # the table moves on: partitions migrate to member-3
+    _wait_safe(cluster)
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: "new" for i in range(1000)})
+    cluster.cli("stop")
+    _remove_folder(tmp_path / "d" / "member-2")
+    shutil.copytree(tmp_path / "old-member-2", tmp_path / "d" / "member-2")
+    refused = _restart(cluster, tmp_path / "d", check=False)
+    assert refused.returncode != 0 and "member-2 restored another table" in (
+        refused.stdout + refused.stderr)
+    monkeypatch.setenv("SHMGRID_RESTART_POLICY", "partial_recovery_most_recent")
+    monkeypatch.setenv("SHMGRID_AUTO_REMOVE_STALE_DATA", str(auto_remove).lower())
+    _restart(cluster, tmp_path / "d")
+    status = _wait_safe(cluster)
+    names = {m["name"] for m in status["members"]}
+    assert names == ({"member-0", "member-1", "member-2", "member-3"} if auto_remove
+                     else {"member-0", "member-1", "member-3"}), status
+    with cluster.connect() as client:
+        assert set(client.get_map("m").get_all(list(range(1000))).values()) == {"new"}
+    assert (tmp_path / "d" / "member-2" / "meta").is_dir(), "the folder is kept either way"

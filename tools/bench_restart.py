@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import grid
+import grid.config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +87,55 @@ def put_rate(fsync: str | None, seconds: float) -> float:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def window_case(fsync: str, seconds: float) -> tuple[int, int]:
+    """Writes from two client threads for ``seconds``, then kill -9 of the supervisor and
+    every member at once, then a restart: (acknowledged writes, those missing after it)."""
+    import signal
+    import threading
+
+    name = f"bk{uuid.uuid4().hex[:8]}"
+    folder = tempfile.mkdtemp(prefix="shmgrid-bench-restart-")
+    acked: dict[int, int] = {}
+    lock, stop = threading.Lock(), threading.Event()
+
+    def writer(offset: int) -> None:
+        try:
+            with grid.connect(cluster_name=name, invocation_timeout=2) as client:
+                m, i = client.get_map("w"), offset
+                while not stop.is_set():
+                    m.set(i, i)
+                    with lock:
+                        acked[i] = i
+                    i += 2
+        except Exception:
+            pass  # the kill: the last call fails, and it was never acknowledged
+
+    try:
+        shmgrid("start", "--detach", "--cluster-name", name, "--data-dir", folder,
+                "--fsync", fsync)
+        registry = json.loads(Path(grid.config.GridConfig(cluster_name=name)
+                                   .registry_path()).read_text())
+        threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        for pid in [registry["supervisor"]["pid"], *(m["pid"] for m in registry["members"])]:
+            os.kill(pid, signal.SIGKILL)
+        stop.set()
+        for t in threads:
+            t.join()
+        time.sleep(0.5)
+        shmgrid("start", "--detach", "--cluster-name", name, "--data-dir", folder,
+                "--fsync", fsync)
+        with grid.connect(cluster_name=name) as client:
+            got = client.get_map("w").get_all(list(acked))
+        return len(acked), sum(1 for k, v in acked.items() if got.get(k) != v)
+    finally:
+        subprocess.run([sys.executable, "-m", "grid", "stop", "--cluster-name", name],
+                       capture_output=True, cwd=ROOT)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -106,6 +156,10 @@ def main() -> int:
     for fsync in ("always", "interval", "never"):
         rate = put_rate(fsync, args.seconds)
         print(f"put, persistence fsync {fsync}: {rate:,.0f}/s ({rate / base:.2f}x)")
+    for fsync in ("always", "interval", "never"):
+        acked, lost = window_case(fsync, args.seconds)
+        print(f"kill -9 of everything under writes, fsync {fsync}: {acked:,} writes "
+              f"acknowledged, {lost:,} missing after the restart")
     return 0
 
 

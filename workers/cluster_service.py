@@ -523,23 +523,25 @@ class ClusterService:
         did not come, and without (or wiped of) those whose data is stale."""
         members, table = self.members, decision.table
         stale = decision.stale
-        if stale and not self.config.auto_remove_stale_data:
+        # Stale members are removed (their folders kept), or, by default, wiped and given a
+        # share by migrations; the master cannot remove itself, so its stale data is wiped.
+        removed = stale - {self.me} if not self.config.auto_remove_stale_data else set()
+        if removed:
             log.error("removing %s: their data is older than the cluster's "
                       "(auto_remove_stale_data is false, so their folders stay as they are)",
-                      ", ".join(sorted(names[u] for u in stale)))
-            members = members.without(stale)
-            self.dead |= stale
-        elif stale:
+                      ", ".join(sorted(names[u] for u in removed)))
+            members = members.without(removed)
+            self.dead |= removed
+        if stale - removed:
             log.warning("%s hold stale data: it is wiped, and migrations give them a share",
-                        ", ".join(sorted(names[u] for u in stale)))
+                        ", ".join(sorted(names[u] for u in stale - removed)))
             if self.me in stale:
                 self._wipe()
         gone = decision.missing | stale
-        if decision.missing:
-            log.warning("restarting without %d members of the saved table; their replicas "
-                        "are re-created by migrations", len(decision.missing))
-            self._report_lost(decision.missing | (stale if members is not self.members
-                                                  else set()), table)
+        if gone:
+            log.warning("restarting without the data of %d members of the saved table; "
+                        "migrations re-create their replicas", len(gone))
+            self._report_lost(gone, table)
         table = remove_members(table, gone, members.data_members, self.config.backup_count)
         # Every member stopped in order: owners and backups hold the same writes, so the
         # owners need not send their partitions to their backups (a SYNC each).
@@ -547,14 +549,14 @@ class ClusterService:
             self.restored_clean.get(u) for u in members.uuids if u != self.me)
         if in_sync:
             self._owning_already(table)
-        self.in_sync_publish, self.wipe_publish = in_sync, sorted(stale - {self.me})
+        self.in_sync_publish, self.wipe_publish = in_sync, sorted(stale - removed - {self.me})
         self._change_view(members, table)
         self.in_sync_publish, self.wipe_publish = False, []
         self.take_state(self.restored_state, self.state_version + 1)
         self.plan_wanted = True
         log.info("restarted on the partition table of the files (stamp %x), %s",
                  decision.table.stamp(), self.state)
-        for uuid in stale if members is not self.members else ():
+        for uuid in removed:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason="stale data")
 
     def _wipe(self) -> None:

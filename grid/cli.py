@@ -135,27 +135,54 @@ def _start_detached(config: GridConfig, path: Path) -> int:
             [sys.executable, "-m", "grid.supervisor", json.dumps(public)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True, close_fds=True, env=env)
+    from rich.progress import Progress
+
     deadline = time.monotonic() + DETACH_WAIT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            print(f"error: the supervisor exited with code {proc.returncode}; "
-                  f"see {log_path}:\n{_tail(log_path)}", file=sys.stderr)
-            return 1
-        try:
-            data = read_registry(path)
-        except ClusterNotRunningError:
-            data = {}
-        if data.get("state") == "ready":
-            _print_ready(data, path)
-            print(f"log: {log_path}\nstop with: shmgrid stop"
-                  + ("" if config.cluster_name == "dev"
-                     else f" --cluster-name {config.cluster_name}"))
-            return 0
-        time.sleep(0.05)
+    with Progress(disable=not sys.stderr.isatty(), console=_stderr_console(),
+                  transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                progress.stop()
+                print(f"error: the supervisor exited with code {proc.returncode}; "
+                      f"see {log_path}:\n{_tail(log_path)}", file=sys.stderr)
+                return 1
+            try:
+                data = read_registry(path)
+            except ClusterNotRunningError:
+                data = {}
+            if data.get("state") == "ready":
+                progress.stop()
+                _print_ready(data, path)
+                print(f"log: {log_path}\nstop with: shmgrid stop"
+                      + ("" if config.cluster_name == "dev"
+                         else f" --cluster-name {config.cluster_name}"))
+                return 0
+            if config.persistence_dir:
+                _show_loading(progress, task, config.persistence_dir)
+            time.sleep(0.05)
     proc.kill()
     print(f"error: the cluster did not become ready in {DETACH_WAIT_S:g} s; see {log_path}",
           file=sys.stderr)
     return 1
+
+
+def _show_loading(progress: Any, task: Any, folder: str) -> None:
+    """A restart's progress: the records each member has loaded from its files so far."""
+    from workers.journal import read_progress
+
+    loads = {}
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder)):
+            report = read_progress(os.path.join(folder, name))
+            if report is not None:
+                loads[name] = report
+    if loads:
+        progress.update(task, completed=sum(done for done, _ in loads.values()),
+                        total=sum(total for _, total in loads.values()) or None,
+                        description="loading " + ", ".join(
+                            f"{name} {done:,}/{total:,}" for name, (done, total) in
+                            loads.items()))
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -559,6 +586,24 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_restart_member(args: argparse.Namespace) -> int:
+    """Kill a member and start it again from its files (a cluster with --data-dir)."""
+    member = _running_member(args)
+    if member is None:
+        return 1
+    _, data = _registry(args)
+    reply = _supervisor_call(data, p.RESTART_MEMBER, timeout=60.0, name=member["name"])
+    if not reply or not reply.get("ok"):
+        print(f"error: {member['name']} was not restarted: "
+              f"{reply.get('msg') if reply else 'no answer from the supervisor'}",
+              file=sys.stderr)
+        return 1
+    m = reply["member"]
+    print(f"restarted {m['name']} (pid {m['pid']}) from its files; in STABLE_CLUSTER it takes "
+          f"back its partitions (`shmgrid wait-safe` waits for them)")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from grid.bench import run_bench
 
@@ -662,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
         "to PASSIVE, which waits for them up to --timeout.")
     common(sp)
     sp.add_argument("state", nargs="?", type=str.upper,
-                    choices=["ACTIVE", "NO_MIGRATION", "FROZEN", "PASSIVE"],
+                    choices=["ACTIVE", "NO_MIGRATION", "FROZEN", "PASSIVE",
+                             "STABLE_CLUSTER"],
                     help="the state to change to")
     sp.add_argument("--timeout", type=float, default=30.0,
                     help="seconds a change may take (default 30)")
@@ -688,6 +734,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("dir", help="a new (or empty) folder")
     sp.set_defaults(func=cmd_backup)
+
+    sp = sub.add_parser(
+        "restart-member", help="kill a member and start it again from its files",
+        description="For a cluster started with --data-dir: kill the member as a crash "
+        "would, start it again under its name from its files. In STABLE_CLUSTER it rejoins "
+        "and takes back the partitions it held when the state was entered.")
+    common(sp)
+    sp.add_argument("member", help="member name (member-1) or uuid prefix")
+    sp.set_defaults(func=cmd_restart_member)
 
     sp = sub.add_parser("bench", help="measure put/get/put_all/get_all against a cluster")
     common(sp)

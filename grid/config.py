@@ -67,6 +67,9 @@ class GridConfig:
     # A member whose files are older than the chosen table's: wiped and given a share by
     # migrations (true), or removed with its folder kept (false).
     auto_remove_stale_data: bool = True
+    # With persistence_dir: the supervisor starts a member that died again, under its name,
+    # from its files (it rejoins in STABLE_CLUSTER and takes back its partitions).
+    restart_on_crash: bool = False
     # Control messages (member list changes, state, shutdown, fences) carry this; the supervisor
     # creates one at start when none is set, and keeps it in the registry file (mode 0600).
     cluster_secret: str = field(default="", repr=False)

@@ -47,7 +47,7 @@ PERSIST_BACKUP = "persist_backup"
 # Supervisor → member.
 MEMBER_DIED, FORM, SHUTDOWN, SET_STATE = "member_died", "form", "shutdown", "set_state"
 # Member → supervisor and CLI → supervisor.
-FENCE, STOP, ADD_MEMBER = "fence", "stop", "add_member"
+FENCE, STOP, ADD_MEMBER, RESTART_MEMBER = "fence", "stop", "add_member", "restart_member"
 # Only the supervisor and the members may send these (to a member; the supervisor's own
 # commands likewise): the header must carry the cluster secret in SECRET_FIELD.
 CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
@@ -55,7 +55,7 @@ CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
                          MIGRATE, FRAGMENT, COMMIT, LEAVE, CHANGE_STATE, STATE_LOCK,
                          STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE,
                          PERSIST_BACKUP})
-SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER})
+SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER, RESTART_MEMBER})
 SECRET_FIELD = "k"
 
 # Error codes in replies, and the client-side classes they become.

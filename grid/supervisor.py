@@ -371,7 +371,7 @@ class Supervisor:
         with contextlib.suppress(zmq.ZMQError):  # the requester may have gone
             self.router.send_multipart([ident, reply], zmq.NOBLOCK)
 
-    def _on_death(self, member: MemberProcess) -> None:
+    def _on_death(self, member: MemberProcess, restart: bool = True) -> None:
         member.process.join(timeout=1)
         code = member.process.exitcode
         log.warning("%s (pid %d) died with exit code %s", member.name, member.pid, code)
@@ -383,6 +383,11 @@ class Supervisor:
         if not self.stopping:
             for other in self.live_members():
                 self._tell(other, p.MEMBER_DIED, uuid=member.uuid)
+            if restart and self.config.restart_on_crash and self.config.persistence_dir \
+                    and not member.fenced and self.state == "ready":
+                log.warning("restart_on_crash: starting %s again from its files",
+                            member.name)
+                self._start_member(member.lite, name=member.name)
         self.write_registry()
 
     def _drain_commands(self) -> None:
@@ -428,7 +433,26 @@ class Supervisor:
             # Answered when the member reports (poll_once); the loop goes on meanwhile.
             self._start_member(bool(header.get("lite")), requester=(ident, rid))
             return None
+        if op == p.RESTART_MEMBER:
+            return self._restart_member(ident, rid, header.get("name"))
         return p.reply_error(rid, p.PROTOCOL, f"unknown command {op!r}")
+
+    def _restart_member(self, ident: bytes, rid: Any, name: Any) -> bytes | None:
+        """Kill member ``name`` (as a crash would) and start it again from its files; the
+        answer comes when it reports. Only with persistence: otherwise it would come back
+        empty, under a new identity."""
+        member = self.members.get(name) if isinstance(name, str) else None
+        if member is None:
+            return p.reply_error(rid, p.PROTOCOL, f"no running member is named {name!r}")
+        if not self.config.persistence_dir:
+            return p.reply_error(rid, p.STATE, "restart-member needs a cluster started with "
+                                 "--data-dir", op="restart-member", state="in memory")
+        log.warning("restarting %s (pid %d) from its files", name, member.pid)
+        os.kill(member.pid, signal.SIGKILL)
+        member.process.join(timeout=5)
+        self._on_death(member, restart=False)
+        self._start_member(member.lite, requester=(ident, rid), name=name)
+        return None
 
     def _fence(self, uuid: Any, reason: str) -> None:
         """Kill a member the master removed, so it can never come back with stale data."""

@@ -24,7 +24,7 @@ from grid.cluster.migrations import (
 )
 from grid.cluster.recovery import collected_table
 from grid.cluster.repair import initial_assignment, is_cluster_safe, remove_members
-from grid.cluster.restart import RestartDecision, decide_restart
+from grid.cluster.restart import RestartDecision, decide_restart, reclaim_target
 from grid.cluster.state import ClusterState
 from grid.errors import ProtocolError
 from grid.partition.table import PartitionTable, PartitionTableError
@@ -56,6 +56,9 @@ class ClusterService:
         self.state_version = 0  # rises with each committed state change (state_change.py)
         # What a hot restart restores: the state, except the PASSIVE of a cluster stopping.
         self.saved_state = ClusterState.ACTIVE
+        # STABLE_CLUSTER (seed 003): the table when the state was entered; a member that
+        # left and comes back takes back its partitions of it.
+        self.stable_table: PartitionTable | None = None
         # Members we hold for gone: reported dead by the supervisor, timed out by us as master
         # or as next in line, or given up for a claimant we follow. We refuse their publishes.
         self.dead: set[str] = set()
@@ -209,6 +212,10 @@ class ClusterService:
         ``saved`` is what a restart restores (the state itself unless it is stopping)."""
         if version > self.state_version:
             log.info("cluster state %s -> %s", self.state, state)
+            if state.rejoin_allowed and not self.state.rejoin_allowed:
+                self.stable_table = self.table.copy()
+            elif not state.rejoin_allowed:
+                self.stable_table = None
             self.state, self.state_version = state, version
             self.saved_state = saved or state
             self.plan_wanted = True
@@ -280,10 +287,14 @@ class ClusterService:
             except PartitionTableError:
                 self.restored_tables[info.uuid] = None
             self.restored_clean[info.uuid] = header.get("clean") is True
-            if not self.state.join_allowed:
+            if not self.state.join_allowed and not self._may_rejoin(info.uuid):
                 self.member.reply_error(ident, header, p.STATE, "join refused",
                                         op="join", state=self.state.value)
                 return
+            if info.uuid in self.dead:
+                log.info("%s comes back: it takes back its partitions of the stable table",
+                         info.name)
+                self.dead.discard(info.uuid)
             self._change_view(self.members.with_member(info), self.table)
             self._run_commands(self.driver.members_changed(self.table, set(),
                                                            self.member.now()))
@@ -366,6 +377,7 @@ class ClusterService:
             if m.uuid != self.me and m.uuid not in old:
                 self.member.connect_peer(m.uuid, m.endpoint)
                 self.last_heard[m.uuid] = now
+        self.dead -= set(members.uuids) - old  # a member that came back (STABLE_CLUSTER)
         left = old - set(members.uuids) - {self.me}
         for uuid in left:
             self.member.disconnect_peer(uuid)
@@ -685,8 +697,22 @@ class ClusterService:
         if self.plan_wanted and not self.driver.active and now >= self.next_plan and \
                 self.table.is_assigned() and not self.member.states.holds_migrations:
             self.plan_wanted = False
-            self._run_commands(self.driver.start(self.table, staying, now, self.state))
+            self._run_commands(self.driver.start(self.table, staying, now, self.state,
+                                                 self._reclaim_target(staying)))
         self._let_go(staying)
+
+    def _may_rejoin(self, uuid: str) -> bool:
+        """In STABLE_CLUSTER only a member of the stable table may join (it left and came
+        back, restarted from its files)."""
+        return self.state.rejoin_allowed and self.stable_table is not None and any(
+            uuid in self.stable_table.replicas(pid)
+            for pid in range(self.stable_table.partition_count))
+
+    def _reclaim_target(self, data_members: list[str]) -> PartitionTable | None:
+        """STABLE_CLUSTER: where members that came back take back their partitions."""
+        if self.stable_table is None or not self.state.rejoin_allowed:
+            return None
+        return reclaim_target(self.table, self.stable_table, data_members)
 
     def _let_go(self, staying: list[str]) -> None:
         """Remove the leaving members that hold nothing any more (or that nothing can be

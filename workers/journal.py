@@ -18,6 +18,7 @@ owner answers a write only once its records are on disk (``MapService`` waits fo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -47,6 +48,28 @@ class _SlowDisk(FileOps):
     def writev(self, fd: int, buffers: Any) -> int:
         time.sleep(self.delay_s)
         return super().writev(fd, buffers)
+
+
+PROGRESS_FILE = "loading"  # "records loaded/records in the log", while a member loads
+PROGRESS_EVERY = 50_000
+
+
+def _report_progress(path: str, loaded: int, total: int) -> None:
+    """Best effort: a progress bar is no reason to fail a restart."""
+    with contextlib.suppress(OSError):
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{loaded}/{total}")
+        os.replace(path + ".tmp", path)
+
+
+def read_progress(folder: str) -> tuple[int, int] | None:
+    """(records loaded, records in the log) a member reported while it loads, or None."""
+    try:
+        with open(os.path.join(folder, PROGRESS_FILE)) as f:
+            loaded, _, total = f.read().partition("/")
+        return int(loaded), int(total)
+    except (OSError, ValueError):
+        return None
 
 
 class JournalError(RuntimeError):
@@ -133,10 +156,17 @@ class Journal:
         skipped: everything before it is loaded."""
         path = os.path.join(self.folder, "log")
         started = time.monotonic()
+        with contextlib.suppress(OSError):  # last start's report is not this one's
+            os.remove(os.path.join(self.folder, PROGRESS_FILE))
         names = {number: name for name, number in self.namespace_ids.items()}
         recovery = LogStore.recover(path)
         restored = self.restored
+        progress_path = os.path.join(self.folder, PROGRESS_FILE)
+        next_report = 0
         for prefix, group in itertools.groupby(recovery, key=lambda item: item[0]):
+            if restored.records >= next_report:  # for `shmgrid start`'s progress bar
+                _report_progress(progress_path, restored.records, recovery.live_count)
+                next_report = restored.records + PROGRESS_EVERY
             ns_id, pid = split_prefix(prefix)
             namespace = names.get(ns_id)
             pairs = [(bytes(key), bytes(value)) for _, key, value in group]
@@ -148,7 +178,10 @@ class Journal:
             restored.bytes += sum(len(k) + len(v) for k, v in pairs)
         for damage in recovery.damages:
             log.warning("log damage skipped while loading: %s", damage)
+        if recovery.damages:
+            restored.clean = False  # its replicas may differ from the others': re-sync
         restored.seconds = time.monotonic() - started
+        _report_progress(progress_path, restored.records, recovery.live_count)
         if self._view.get("clean"):  # from now on a crash must not pass for a clean stop
             self._write_json(VIEW, {**self._view, "clean": False})
         slow = float(os.environ.get(SLOW_DISK_ENV) or 0)

@@ -144,12 +144,16 @@ class MigrationDriver:
         return assign(table, list(data_members), self.backup_count)
 
     def start(self, table: PartitionTable, data_members: Sequence[str], now: float,
-              state: ClusterState) -> list[Command]:
+              state: ClusterState, target: PartitionTable | None = None) -> list[Command]:
         """Plan from ``table`` towards the balanced target, if they differ, no plan runs and
-        the cluster ``state`` allows migrations (seed 000: never by the state's name)."""
-        if self.plan is not None or not data_members or not state.migration_allowed:
+        the cluster ``state`` allows migrations (seed 000: never by the state's name); or
+        towards ``target`` (STABLE_CLUSTER's reclaim: members that came back take back
+        their partitions), which no state forbids."""
+        if self.plan is not None or not data_members or \
+                (target is None and not state.migration_allowed):
             return []
-        target = self.target(table, data_members)
+        if target is None:
+            target = self.target(table, data_members)
         if all(target.replicas(pid) == table.replicas(pid)
                for pid in range(table.partition_count)):
             return []

@@ -76,3 +76,18 @@ def decide_restart(restored: Mapping[str, PartitionTable | None], names: Mapping
                 f"({', '.join(sorted(missing))[:200]}); bring their folders back, or start "
                 f"with a partial_recovery restart_policy"))
     return RestartDecision(table=table.copy(), stale=stale, missing=missing)
+
+
+def reclaim_target(table: PartitionTable, stable: PartitionTable,
+                   data_members: list[str]) -> PartitionTable | None:
+    """STABLE_CLUSTER (seed 003): ``table`` with every partition whose stable replicas are
+    all data members again set back to its ``stable`` row, so that a member that came back
+    takes back what it held; None when nothing differs. Partitions of a member still away
+    keep their current row: nothing else moves."""
+    here = set(data_members)
+    target = table.copy()
+    for pid in range(stable.partition_count):
+        row = stable.replicas(pid)
+        if all(u is None or u in here for u in row) and row != target.replicas(pid):
+            target.set_replicas(pid, row)
+    return None if target == table else target

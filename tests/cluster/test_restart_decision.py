@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grid.cluster.repair import initial_assignment
-from grid.cluster.restart import decide_restart
+from grid.cluster.repair import initial_assignment, remove_members
+from grid.cluster.restart import decide_restart, reclaim_target
 from grid.partition.table import PartitionTable
 
 NAMES = {u: f"member-{u}" for u in "abcd"}
@@ -62,3 +62,14 @@ def test_partial_policies_pick_the_newest_or_the_largest_group():
     assert complete.table == old and complete.stale == {"d"}
     missing = decide_restart({"a": old, "b": old}, NAMES, "partial_recovery_most_recent")
     assert missing.table == old and missing.missing == {"c", "d"} and not missing.refusal
+
+
+def test_a_member_that_came_back_gets_exactly_its_stable_rows_back():
+    stable = saved("abc")
+    after_c_left = remove_members(stable, {"c"}, ["a", "b"], 1)
+    assert reclaim_target(after_c_left, stable, ["a", "b"]) is None, "c is still away"
+    target = reclaim_target(after_c_left, stable, ["a", "b", "c"])
+    assert target is not None
+    for pid in range(stable.partition_count):
+        assert target.replicas(pid) == stable.replicas(pid)
+    assert reclaim_target(stable, stable, ["a", "b", "c"]) is None, "nothing differs"

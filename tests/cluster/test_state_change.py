@@ -29,8 +29,9 @@ MEMBERS = ["m0", "m1", "m2"]
 
 def test_the_seed_table_of_states():
     assert [(s.join_allowed, s.migration_allowed) for s in ClusterState] == [
-        (True, True), (True, False), (False, False), (False, False)]
-    assert [s.writes_allowed for s in ClusterState] == [True, True, True, False]
+        (True, True), (True, False), (False, False), (False, False), (False, False)]
+    assert [s.writes_allowed for s in ClusterState] == [True, True, True, False, True]
+    assert [s.rejoin_allowed for s in ClusterState] == [False, False, False, False, True]
 
 
 def begin(new=NO_MIGRATION, old=ACTIVE, migrating=False, now=0.0, timeout=10.0):

@@ -220,3 +220,68 @@ def test_a_member_with_stale_files_is_wiped_or_removed(cluster_factory, tmp_path
     with cluster.connect() as client:
         assert set(client.get_map("m").get_all(list(range(1000))).values()) == {"new"}
     assert (tmp_path / "d" / "member-2" / "meta").is_dir(), "the folder is kept either way"
+
+
+def _owned(cluster) -> dict[int, str]:
+    with cluster.connect() as client:
+        owners = client.partition_owners()
+        names = {m.uuid: m.name for m in client.cluster.members}
+    return {pid: names.get(uuid, uuid) for pid, uuid in owners.items()}
+
+
+@pytest.mark.parametrize("how", ["restart-member", "restart_on_crash"])
+def test_a_member_restarted_in_stable_cluster_takes_back_its_partitions(
+        cluster_factory, tmp_path, monkeypatch, how):
+    """Seed 003's STABLE_CLUSTER: no new member joins, nothing rebalances, and a member
+    that left comes back from its files and owns its partitions of the stable table again;
+    under writes, nothing acknowledged is lost."""
+    if how == "restart_on_crash":
+        monkeypatch.setenv("SHMGRID_RESTART_ON_CRASH", "true")
+    cluster = cluster_factory(members=3, data_dir=tmp_path)
+    with cluster.connect() as client:
+        client.cluster.change_state("STABLE_CLUSTER")
+    stable = _owned(cluster)
+    refused = cluster.cli("add-member", check=False)
+    assert refused.returncode == 1 and "STABLE_CLUSTER" in refused.stderr
+    old_pid = cluster.member("member-1")["pid"]
+    with Writers(cluster) as writers:
+        writers.wait_for(300)
+        if how == "restart-member":
+            out = cluster.cli("restart-member", "member-1").stdout
+            assert "restarted member-1" in out
+        else:
+            os.kill(old_pid, signal.SIGKILL)
+        _wait(lambda: any(m["name"] == "member-1" and m["pid"] != old_pid
+                          for m in cluster.registry["members"]), what="member-1 back")
+        status = _wait_safe(cluster)
+        writers.wait_for(300)
+    assert not writers.failures, writers.failures
+    assert status["state"] == "STABLE_CLUSTER" and status["safe"], status
+    assert _owned(cluster) == stable, "every partition has its stable owner again"
+    _assert_all_readable(cluster, writers.acked)
+
+
+def test_damaged_files_restart_with_everything_before_the_damage_or_a_clear_error(
+        cluster_factory, tmp_path):
+    cluster = cluster_factory(members=3, data_dir=tmp_path)
+    with cluster.connect() as client:
+        client.get_map("m").put_all({i: i for i in range(2000)})
+    cluster.cli("stop")
+    # A torn tail: a write cut short at the end of member-0's newest segment.
+    log_dir = tmp_path / "member-0" / "log"
+    newest = sorted(p for p in log_dir.iterdir() if p.name.startswith("segment-"))[-1]
+    with open(newest, "ab") as f:
+        f.write(os.urandom(100))
+    _restart(cluster, tmp_path)
+    with cluster.connect() as client:
+        assert client.get_map("m").get_all(list(range(2000))) == {i: i for i in range(2000)}
+    assert _wait_safe(cluster)["safe"]
+    cluster.cli("stop")
+    # Damaged metadata: refused, naming the member and the file.
+    view = tmp_path / "member-1" / "meta" / "view.meta"
+    data = bytearray(view.read_bytes())
+    data[-5] ^= 0xFF
+    view.write_bytes(bytes(data))
+    failed = _restart(cluster, tmp_path, check=False)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "member-1" in output and "view.meta" in output, output

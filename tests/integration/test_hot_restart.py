@@ -173,14 +173,16 @@ def _remove_folder(path) -> None:
     shutil.rmtree(path)
 
 
+@pytest.mark.parametrize("policy", ["partial_recovery_most_recent",
+                                    "partial_recovery_most_complete"])
 def test_partial_recovery_restarts_without_a_missing_member(cluster_factory, tmp_path,
-                                                           monkeypatch):
+                                                           monkeypatch, policy):
     cluster = cluster_factory(members=3, data_dir=tmp_path)
     with cluster.connect() as client:
         client.get_map("m").put_all({i: i for i in range(2000)})
     cluster.cli("stop")
     _remove_folder(tmp_path / "member-1")
-    monkeypatch.setenv("SHMGRID_RESTART_POLICY", "partial_recovery_most_recent")
+    monkeypatch.setenv("SHMGRID_RESTART_POLICY", policy)
     _restart(cluster, tmp_path)
     status = _wait_safe(cluster)
     assert {m["name"] for m in status["members"]} == {"member-0", "member-2"}

@@ -1,0 +1,91 @@
+"""The Merkle tree of a fragment (grid/partition/merkle.py): random fragments with random
+edits; the diff finds exactly the changed keys, in few rounds, moving few entries."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grid.partition.merkle import DiffRound, MerkleTree, diff_leaves, entry_hash
+from workers.record_store import key_hash
+
+
+def tree_of(depth: int, fragment: dict[bytes, bytes]) -> MerkleTree:
+    return MerkleTree.of(depth, ((key_hash(k), entry_hash(k, v)) for k, v in fragment.items()))
+
+
+def changed_keys(depth: int, a: dict[bytes, bytes], b: dict[bytes, bytes],
+                 levels: int) -> tuple[set[bytes], int, int]:
+    """What a sync would find: the keys under differing leaves whose entries differ, how
+    many entries it looked at, and the rounds."""
+    ta, tb = tree_of(depth, a), tree_of(depth, b)
+    leaves, rounds = diff_leaves(ta, tb, levels)
+    wanted = set(leaves)
+    candidates = {k for k in (*a, *b) if ta.leaf_of(key_hash(k)) in wanted}
+    return {k for k in candidates if a.get(k) != b.get(k)}, len(candidates), rounds
+
+
+keys = st.binary(min_size=1, max_size=12)
+fragments = st.dictionaries(keys, st.binary(max_size=20), max_size=300)
+edits = st.lists(st.tuples(st.sampled_from(["put", "remove"]), keys, st.binary(max_size=20)),
+                 max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fragment=fragments, edits=edits, depth=st.integers(min_value=1, max_value=12),
+       levels=st.integers(min_value=1, max_value=6))
+def test_the_diff_finds_exactly_the_changed_keys(fragment, edits, depth, levels):
+    edited = dict(fragment)
+    for kind, key, value in edits:
+        if kind == "put":
+            edited[key] = value
+        else:
+            edited.pop(key, None)
+    truth = {k for k in (*fragment, *edited) if fragment.get(k) != edited.get(k)}
+    found, _, rounds = changed_keys(depth, fragment, edited, levels)
+    assert found == truth
+    assert rounds <= -(-depth // levels)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fragment=fragments, edits=edits)
+def test_updates_in_any_order_give_the_tree_built_from_scratch(fragment, edits):
+    tree = tree_of(8, fragment)
+    edited = dict(fragment)
+    for kind, key, value in edits:
+        old = edited.get(key)
+        new = value if kind == "put" else None
+        if kind == "put":
+            edited[key] = value
+        else:
+            edited.pop(key, None)
+        tree.update(key_hash(key), None if old is None else entry_hash(key, old),
+                    None if new is None else entry_hash(key, new))
+    assert list(tree.nodes) == list(tree_of(8, edited).nodes)
+
+
+def test_equal_fragments_take_one_round_and_a_few_edits_move_a_few_entries():
+    rng = random.Random(5)
+    fragment = {rng.randbytes(8): rng.randbytes(100) for _ in range(20_000)}
+    assert diff_leaves(tree_of(12, fragment), tree_of(12, fragment), 4) == ([], 1)
+    edited = dict(fragment)
+    for key in rng.sample(sorted(fragment), 20):
+        edited[key] = b"changed"
+    found, looked_at, rounds = changed_keys(12, fragment, edited, 4)
+    assert len(found) == 20 and rounds == 3
+    assert looked_at < 20 * 20, f"{looked_at} entries looked at for 20 changed of 20,000"
+
+
+def test_a_round_sends_the_subtrees_and_answers_the_differing_nodes():
+    a, b = MerkleTree(4), MerkleTree(4)
+    b.update(0, None, 7)  # leaf 0
+    sent = DiffRound.ask(a, 0, [0], 2)
+    assert set(sent) == {(0, 0), (1, 0), (1, 1)}
+    assert DiffRound.answer(b, sent) == [0]
+    with pytest.raises(ValueError):
+        MerkleTree(0)
+    with pytest.raises(ValueError):
+        diff_leaves(MerkleTree(3), MerkleTree(4))

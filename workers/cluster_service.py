@@ -144,9 +144,13 @@ class ClusterService:
             and master.uuid == self.me
 
     def is_safe(self) -> bool:
+        # A master that is about to plan (a member just joined) is not safe yet either:
+        # otherwise a wait-safe right after add-member could end before any migration.
+        pending = self.is_master and self.plan_wanted and self.table.is_assigned() and \
+            self.state.migration_allowed
         return self.joined and is_cluster_safe(self.table, self.members.data_members,
                                                self.config.backup_count,
-                                               migrating=self.driver.active)
+                                               migrating=self.driver.active or pending)
 
     def lease_valid(self) -> bool:
         """Whether nobody can have removed this member yet (grid/cluster/lease.py): what an

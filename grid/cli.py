@@ -373,13 +373,21 @@ def _mib(n: Any) -> str:
     return f"{n / 2**20:.1f} MiB" if isinstance(n, int) else ""
 
 
-def _running_member(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The registry entry of the member ``args.member`` names (name or uuid prefix) if its
-    process still runs; otherwise print why not and return None."""
+def _registry_data(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The cluster's registry, or None after saying why there is none."""
     try:
-        _, data = _registry(args)
+        return _registry(args)[1]
     except ClusterNotRunningError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _running_member(args: argparse.Namespace,
+                    data: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The registry entry of the member ``args.member`` names (name or uuid prefix) if its
+    process still runs; otherwise print why not and return None."""
+    data = data or _registry_data(args)
+    if data is None:
         return None
     matches = [m for m in data["members"]
                if m["name"] == args.member or m["uuid"].startswith(args.member)]
@@ -453,10 +461,8 @@ def _join_refusal(args: argparse.Namespace) -> str:
 
 
 def cmd_add_member(args: argparse.Namespace) -> int:
-    try:
-        _, data = _registry(args)
-    except ClusterNotRunningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    data = _registry_data(args)
+    if data is None:
         return 1
     refusal = _join_refusal(args)
     if refusal:
@@ -550,10 +556,8 @@ def cmd_force_start(args: argparse.Namespace) -> int:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     """A point-in-time copy of every member's persistence folder into DIR."""
-    try:
-        _, data = _registry(args)
-    except ClusterNotRunningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    data = _registry_data(args)
+    if data is None:
         return 1
     folder = os.path.abspath(args.dir)
     if os.path.exists(folder) and os.listdir(folder):
@@ -588,10 +592,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restart_member(args: argparse.Namespace) -> int:
     """Kill a member and start it again from its files (a cluster with --data-dir)."""
-    member = _running_member(args)
+    data = _registry_data(args)
+    member = _running_member(args, data) if data is not None else None
     if member is None:
         return 1
-    _, data = _registry(args)
     reply = _supervisor_call(data, p.RESTART_MEMBER, timeout=60.0, name=member["name"])
     if not reply or not reply.get("ok"):
         print(f"error: {member['name']} was not restarted: "

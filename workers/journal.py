@@ -82,7 +82,6 @@ class Restored:
     """What a member found in its folder when it started."""
 
     uuid: str | None = None  # its identity, reused
-    members: Any = None  # the member list it last followed (wire form), if any
     table: Any = None  # the partition table (wire form), if any
     state: str | None = None
     clean: bool = False  # it stopped cleanly: its log holds every write it applied
@@ -107,7 +106,7 @@ class Journal:
             view = self._read_json(VIEW) or {}
         except CorruptMetadataError as exc:
             raise JournalError(f"{name}'s metadata under {folder} is damaged: {exc}") from exc
-        self.restored = Restored(members=view.get("members"), table=view.get("table"),
+        self.restored = Restored(table=view.get("table"),
                                  state=view.get("state"), clean=view.get("clean") is True)
         self._view = view
         if identity is not None:

@@ -177,13 +177,14 @@ class StateService:
     # -- every member's side of a state change -----------------------------------------------
 
     def _on_lock(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        txn, state, lease = header.get("txn"), _state(header.get("state")), header.get("lease")
+        txn, lease = header.get("txn"), header.get("lease")
+        _state(header.get("state"))  # a lock names a state the cluster knows
         if not isinstance(txn, int) or not isinstance(lease, int | float):
             raise ProtocolError("a state lock carries txn and lease")
         if not self._from_master(header):
             self.member.reply_error(ident, header, p.STATE_CHANGE, "not from our master")
             return
-        refusal = self.lock.lock(txn, header["from"], state, self.member.now(),
+        refusal = self.lock.lock(txn, header["from"], self.member.now(),
                                  min(float(lease), MAX_TIMEOUT_S))
         if refusal:
             self.member.reply_error(ident, header, p.STATE_CHANGE, refusal)

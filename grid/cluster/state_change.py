@@ -168,16 +168,14 @@ class StateLock:
 
     txn: int | None = None
     master: str | None = None
-    state: ClusterState | None = None
     expires: float = 0.0
 
-    def lock(self, txn: int, master: str, state: ClusterState, now: float,
-             lease: float) -> str:
+    def lock(self, txn: int, master: str, now: float, lease: float) -> str:
         """Lock ``txn``; return "" or why not (another change holds the lock)."""
         if self.txn is not None and now < self.expires and \
                 (self.txn, self.master) != (txn, master):
             return f"another state change (transaction {self.txn}) holds the lock"
-        self.txn, self.master, self.state, self.expires = txn, master, state, now + lease
+        self.txn, self.master, self.expires = txn, master, now + lease
         return ""
 
     def holds(self, txn: int, master: str) -> bool:
@@ -185,4 +183,4 @@ class StateLock:
 
     def release(self, txn: int, master: str) -> None:
         if self.holds(txn, master):
-            self.txn = self.master = self.state = None
+            self.txn = self.master = None

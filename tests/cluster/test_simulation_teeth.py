@@ -18,15 +18,20 @@ from workers.state_service import StateService
 pytestmark = pytest.mark.timeout(300)
 
 
-def caught(faults: list[str], seeds: range) -> str | None:
-    """The first (seed, fault) whose run fails, with what failed; or None."""
+def first_failure(run, cases: list[str], seeds: range) -> str | None:
+    """The first (seed, case) for which ``run(seed, case)`` fails, with what failed; or None."""
     for seed in seeds:
-        for fault in faults:
+        for case in cases:
             try:
-                test_simulation.test_failover_keeps_every_acknowledged_write(seed, fault)
+                run(seed, case)
             except AssertionError as failure:
-                return f"seed {seed}, {fault}: {failure}"
+                return f"seed {seed}, {case}: {failure}"
     return None
+
+
+def caught(faults: list[str], seeds: range) -> str | None:
+    return first_failure(test_simulation.test_failover_keeps_every_acknowledged_write,
+                         faults, seeds)
 
 
 def test_an_owner_that_answers_before_its_backups_is_caught(monkeypatch):
@@ -144,13 +149,7 @@ def test_one_partition_version_with_two_rows_is_caught_at_the_step(make_cluster)
 
 
 def state_change_caught(races: list[str], seeds: range) -> str | None:
-    for seed in seeds:
-        for race in races:
-            try:
-                test_state_change_sim.run_race(seed, race)
-            except AssertionError as failure:
-                return f"seed {seed}, {race}: {failure}"
-    return None
+    return first_failure(test_state_change_sim.run_race, races, seeds)
 
 
 def test_members_that_take_the_state_when_they_lock_are_caught(monkeypatch):

@@ -97,15 +97,15 @@ def test_a_change_to_the_state_in_force_is_done_at_once():
 
 def test_a_member_locks_one_change_at_a_time_until_it_ends_or_its_lease_runs_out():
     lock = StateLock()
-    assert lock.lock(1, "master", FROZEN, now=0.0, lease=5.0) == ""
-    assert lock.lock(1, "master", FROZEN, now=1.0, lease=5.0) == "", "a resent lock is fine"
-    assert "holds the lock" in lock.lock(2, "master", PASSIVE, now=2.0, lease=5.0)
-    assert "holds the lock" in lock.lock(1, "other master", PASSIVE, now=2.0, lease=5.0)
-    assert lock.lock(2, "new master", PASSIVE, now=6.5, lease=5.0) == "", "the lease ran out"
+    assert lock.lock(1, "master", now=0.0, lease=5.0) == ""
+    assert lock.lock(1, "master", now=1.0, lease=5.0) == "", "a resent lock is fine"
+    assert "holds the lock" in lock.lock(2, "master", now=2.0, lease=5.0)
+    assert "holds the lock" in lock.lock(1, "other master", now=2.0, lease=5.0)
+    assert lock.lock(2, "new master", now=6.5, lease=5.0) == "", "the lease ran out"
     lock.release(1, "master")
     assert lock.holds(2, "new master")
     lock.release(2, "new master")
-    assert lock.lock(3, "master", ACTIVE, now=7.0, lease=5.0) == ""
+    assert lock.lock(3, "master", now=7.0, lease=5.0) == ""
 
 
 # -- the planner consults migration_allowed --------------------------------------------------

@@ -124,13 +124,7 @@ def test_a_missing_member_fails_the_restart_naming_what_is_missing(cluster_facto
     with cluster.connect() as client:
         client.get_map("m").put_all({i: i for i in range(100)})
     cluster.cli("stop")
-    gone = tmp_path / "member-2"
-    for root, dirs, files in os.walk(gone, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(gone)
+    shutil.rmtree(tmp_path / "member-2")
     failed = _restart(cluster, tmp_path, check=False)
     assert failed.returncode != 0
     assert "missing" in failed.stdout + failed.stderr, failed.stdout + failed.stderr
@@ -169,10 +163,6 @@ def test_a_backup_taken_under_writes_restarts_as_a_cluster(cluster_factory, tmp_
     assert refused.returncode == 1 and "without --data-dir" in refused.stderr
 
 
-def _remove_folder(path) -> None:
-    shutil.rmtree(path)
-
-
 @pytest.mark.parametrize("policy", ["partial_recovery_most_recent",
                                     "partial_recovery_most_complete"])
 def test_partial_recovery_restarts_without_a_missing_member(cluster_factory, tmp_path,
@@ -181,7 +171,7 @@ def test_partial_recovery_restarts_without_a_missing_member(cluster_factory, tmp
     with cluster.connect() as client:
         client.get_map("m").put_all({i: i for i in range(2000)})
     cluster.cli("stop")
-    _remove_folder(tmp_path / "member-1")
+    shutil.rmtree(tmp_path / "member-1")
     monkeypatch.setenv("SHMGRID_RESTART_POLICY", policy)
     _restart(cluster, tmp_path)
     status = _wait_safe(cluster)
@@ -207,7 +197,7 @@ def test_a_member_with_stale_files_is_wiped_or_removed(cluster_factory, tmp_path
     with cluster.connect() as client:
         client.get_map("m").put_all({i: "new" for i in range(1000)})
     cluster.cli("stop")
-    _remove_folder(tmp_path / "d" / "member-2")
+    shutil.rmtree(tmp_path / "d" / "member-2")
     shutil.copytree(tmp_path / "old-member-2", tmp_path / "d" / "member-2")
     refused = _restart(cluster, tmp_path / "d", check=False)
     assert refused.returncode != 0 and "member-2 restored another table" in (

@@ -31,6 +31,8 @@ def _config(args: argparse.Namespace) -> GridConfig:
         getattr(args, "config", None), cluster_name=args.cluster_name,
         members=getattr(args, "members", None),
         backup_count=getattr(args, "backup_count", None),
+        async_backup_count=getattr(args, "async_backup_count", None),
+        backup_sync_interval=getattr(args, "backup_sync_interval", None),
         partition_count=getattr(args, "partition_count", None),
         heartbeat_interval=getattr(args, "heartbeat_interval", None),
         heartbeat_timeout=getattr(args, "heartbeat_timeout", None),
@@ -256,10 +258,16 @@ def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dic
                # Owned partitions with no synchronous backup: their writes rest on one member.
                "unbacked": sum(r.get("unbacked") or 0 for r in rows),
                "short_of_backups": master.get("short_of_backups") or 0,
+               # Replica sync (seed 004): backups that missed operations, syncs under way.
+               "dirty": sum(r.get("dirty") or 0 for r in rows),
+               "syncs_in_flight": sum(r.get("syncs_in_flight") or 0 for r in rows),
                "migrations": master.get("migrations") or {}, "members": [
                    {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
                                           "owned", "backups", "unbacked", "backup_backlog",
-                                          "shm_bytes", "rss", "persistence", "unreachable")
+                                          "dirty", "syncs_in_flight", "syncs_waiting",
+                                          "synced", "sync_entries", "sent_entries",
+                                          "sent_bytes", "shm_bytes", "rss",
+                                          "persistence", "unreachable")
                     if k in r}
                    for r in rows]}
     return summary, rows
@@ -290,14 +298,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     table = Table(title=f"cluster {summary['cluster']}: {summary['state']}, "
                         + ("safe" if summary["safe"] else "NOT SAFE"))
-    for col in ("member", "pid", "endpoint", "role", "owned", "backups", "shm", "rss"):
-        table.add_column(col, justify="right" if col in ("pid", "owned", "backups", "shm",
-                                                          "rss") else "left")
+    # Replicas that missed writes get a column while there are any (replica sync).
+    repairing = bool(summary["dirty"] or summary["syncs_in_flight"])
+    numbers = ("pid", "owned", "backups", "dirty", "shm", "rss")
+    for col in ("member", "pid", "endpoint", "role", "owned", "backups",
+                *(("dirty",) if repairing else ()), "shm", "rss"):
+        table.add_column(col, justify="right" if col in numbers else "left")
     for r in rows:
         role = "unreachable" if r.get("unreachable") else (
             "master" if r.get("master") else ("lite" if r.get("lite") else "member"))
         table.add_row(r.get("name", "?"), str(r.get("pid", "")), r.get("endpoint", ""), role,
                       str(r.get("owned", "")), str(r.get("backups", "")),
+                      *((str(r.get("dirty", "")),) if repairing else ()),
                       _mib(r.get("shm_bytes")), _mib(r.get("rss")))
     Console().print(table)
     if _migration_line(summary["migrations"]):
@@ -322,6 +334,10 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"nothing: {', '.join(idle) or 'none'}. `shmgrid state ACTIVE` lets them run")
     if not summary["safe"]:
         print("not safe: some partitions lack their configured backups or are migrating")
+    if summary["dirty"] or summary["syncs_in_flight"]:
+        print(f"replica sync: {summary['dirty']} backup namespaces missed operations; "
+              f"{summary['syncs_in_flight']} syncs under way (every backup_sync_interval "
+              f"the owners compare versions and repair them)")
     if summary["unbacked"]:
         print(f"{summary['unbacked']} partitions have no backup: a write to them is "
               f"acknowledged by its owner alone")
@@ -591,14 +607,17 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restart_member(args: argparse.Namespace) -> int:
-    """Kill a member and start it again from its files (a cluster with --data-dir)."""
+    """Kill a member and start it again from its files (a cluster with --data-dir); a
+    member that is not running (killed, or died) is started from its files."""
     data = _registry_data(args)
-    member = _running_member(args, data) if data is not None else None
-    if member is None:
+    if data is None:
         return 1
-    reply = _supervisor_call(data, p.RESTART_MEMBER, timeout=60.0, name=member["name"])
+    running = [m for m in data["members"]
+               if m["name"] == args.member or m["uuid"].startswith(args.member)]
+    name = running[0]["name"] if len(running) == 1 else args.member
+    reply = _supervisor_call(data, p.RESTART_MEMBER, timeout=60.0, name=name)
     if not reply or not reply.get("ok"):
-        print(f"error: {member['name']} was not restarted: "
+        print(f"error: {name} was not restarted: "
               f"{reply.get('msg') if reply else 'no answer from the supervisor'}",
               file=sys.stderr)
         return 1
@@ -630,6 +649,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--members", type=int, help="member processes (default 3)")
         sp.add_argument("--backup-count", type=int,
                         help="synchronous backups, 0..6 (default 1)")
+        sp.add_argument("--async-backup-count", type=int,
+                        help="asynchronous backups after the synchronous ones (a write does "
+                        "not wait for them; replica sync repairs what they miss); "
+                        "sync + async <= 6 (default 0)")
+        sp.add_argument("--backup-sync-interval", type=float,
+                        help="seconds between an owner's anti-entropy rounds: it sends its "
+                        "replica versions and backups that are behind ask for a sync "
+                        "(default 30)")
         sp.add_argument("--partition-count", type=int, help="partitions (default 271)")
         sp.add_argument("--heartbeat-interval", type=float, help="seconds (default 1)")
         sp.add_argument("--heartbeat-timeout", type=float,
@@ -742,8 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "restart-member", help="kill a member and start it again from its files",
         description="For a cluster started with --data-dir: kill the member as a crash "
-        "would, start it again under its name from its files. In STABLE_CLUSTER it rejoins "
-        "and takes back the partitions it held when the state was entered.")
+        "would, start it again under its name from its files (a member that is not running "
+        "is just started). In STABLE_CLUSTER it rejoins and takes back the partitions it "
+        "held when the state was entered; the migrations move only what changed while it "
+        "was away (Merkle trees, seed 003).")
     common(sp)
     sp.add_argument("member", help="member name (member-1) or uuid prefix")
     sp.set_defaults(func=cmd_restart_member)

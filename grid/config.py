@@ -42,7 +42,16 @@ class GridConfig:
     graceful_shutdown_max_wait: float = 600.0
     migration_fragments_enabled: bool = True
     migration_stale_read_disabled: bool = False
+    # Anti-entropy (seed 004): every this many seconds an owner sends each backup its
+    # replica versions; a backup that is behind, or missed an operation, asks for a replica
+    # sync (at most one request per partition per interval).
     backup_sync_interval: float = 30.0
+    # Replica syncs a member runs at once, as the backup asking and as the owner answering:
+    # many dirty replicas must not copy every fragment at the same moment.
+    max_parallel_replications: int = 5
+    # Depth of the Merkle tree a fragment keeps once it has been compared (seed 003): a
+    # replica sync moves only the entries under leaves that differ. 0: whole fragments.
+    merkle_tree_depth: int = 10
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     invocation_timeout: float = 60.0
@@ -82,6 +91,11 @@ class GridConfig:
             errors.append(f"backup_count must be 0..{MAX_BACKUP_COUNT}, not {self.backup_count}")
         if not 0 <= self.async_backup_count <= MAX_BACKUP_COUNT - self.backup_count:
             errors.append("backup_count + async_backup_count must not exceed 6")
+        if self.backup_sync_interval <= 0 or self.max_parallel_replications < 1:
+            errors.append("backup_sync_interval must be positive and "
+                          "max_parallel_replications at least 1")
+        if not 0 <= self.merkle_tree_depth <= 20:
+            errors.append(f"merkle_tree_depth must be 0..20, not {self.merkle_tree_depth}")
         if self.members < 1:
             errors.append(f"members must be at least 1, not {self.members}")
         if self.heartbeat_interval <= 0 or self.heartbeat_timeout <= self.heartbeat_interval:
@@ -123,6 +137,11 @@ class GridConfig:
         if unknown:
             raise ValueError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         return cls(**{k: _coerce(names[k].type, k, v) for k, v in values.items()})
+
+    @property
+    def total_backup_count(self) -> int:
+        """Backup replicas a partition has: the synchronous ones, then the asynchronous."""
+        return self.backup_count + self.async_backup_count
 
     def replace(self, **changes: Any) -> GridConfig:
         return dataclasses.replace(self, **changes)

@@ -34,6 +34,13 @@ JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE = (
     "join", "publish", "heartbeat", "backup", "fetch_state")
 # Migrations: master → data sender, data sender → destination, master → destination.
 MIGRATE, FRAGMENT, COMMIT = "migrate", "fragment", "commit"
+# Data sender → destination: the Merkle trees of what it already holds (seed 003), so that
+# the fragments carry only what differs.
+MIGRATION_TREES = "migration_trees"
+# Replica sync (seed 004): owner → backup its versions (anti-entropy); backup → owner a
+# request for fragments; backup → owner that it has taken the lent ones.
+REPLICA_VERSIONS, REPLICA_SYNC, REPLICA_SYNC_DONE = (
+    "replica_versions", "replica_sync", "replica_sync_done")
 # A member (or the CLI for it) asks the master to move its replicas away and remove it.
 LEAVE = "leave"
 # Cluster state changes: client → master, then master → every member (lock, then commit or
@@ -52,9 +59,10 @@ FENCE, STOP, ADD_MEMBER, RESTART_MEMBER = "fence", "stop", "add_member", "restar
 # commands likewise): the header must carry the cluster secret in SECRET_FIELD.
 CONTROL_OPS = frozenset({MEMBER_DIED, FORM, SET_STATE, SHUTDOWN,
                          JOIN, PUBLISH, HEARTBEAT, BACKUP, FETCH_STATE,
-                         MIGRATE, FRAGMENT, COMMIT, LEAVE, CHANGE_STATE, STATE_LOCK,
-                         STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE,
-                         PERSIST_BACKUP})
+                         MIGRATE, FRAGMENT, COMMIT, MIGRATION_TREES, LEAVE, CHANGE_STATE,
+                         STATE_LOCK, STATE_COMMIT, STATE_UNLOCK, PROMOTE_LOCAL, PROMOTE,
+                         PERSIST_BACKUP, REPLICA_VERSIONS, REPLICA_SYNC,
+                         REPLICA_SYNC_DONE})
 SUPERVISOR_OPS = frozenset({FENCE, STOP, ADD_MEMBER, RESTART_MEMBER})
 SECRET_FIELD = "k"
 

@@ -438,15 +438,23 @@ class Supervisor:
         return p.reply_error(rid, p.PROTOCOL, f"unknown command {op!r}")
 
     def _restart_member(self, ident: bytes, rid: Any, name: Any) -> bytes | None:
-        """Kill member ``name`` (as a crash would) and start it again from its files; the
+        """Kill member ``name`` (as a crash would) and start it again from its files; or,
+        if it is not running (it died, or was killed), just start it from its files. The
         answer comes when it reports. Only with persistence: otherwise it would come back
         empty, under a new identity."""
-        member = self.members.get(name) if isinstance(name, str) else None
-        if member is None:
-            return p.reply_error(rid, p.PROTOCOL, f"no running member is named {name!r}")
         if not self.config.persistence_dir:
             return p.reply_error(rid, p.STATE, "restart-member needs a cluster started with "
                                  "--data-dir", op="restart-member", state="in memory")
+        member = self.members.get(name) if isinstance(name, str) else None
+        if member is None:
+            folder = os.path.join(self.config.persistence_dir, str(name))
+            if not isinstance(name, str) or name in self.starting or "/" in name or \
+                    not os.path.isdir(folder):
+                return p.reply_error(rid, p.PROTOCOL, f"no member named {name!r} runs or "
+                                     f"has files in {self.config.persistence_dir}")
+            log.warning("starting %s again from its files", name)
+            self._start_member(False, requester=(ident, rid), name=name)
+            return None
         log.warning("restarting %s (pid %d) from its files", name, member.pid)
         os.kill(member.pid, signal.SIGKILL)
         member.process.join(timeout=5)

@@ -149,7 +149,7 @@ class ClusterService:
         pending = self.is_master and self.plan_wanted and self.table.is_assigned() and \
             self.state.migration_allowed
         return self.joined and is_cluster_safe(self.table, self.members.data_members,
-                                               self.config.backup_count,
+                                               self.config.total_backup_count,
                                                migrating=self.driver.active or pending)
 
     def lease_valid(self) -> bool:
@@ -204,9 +204,9 @@ class ClusterService:
         return me.lite if me is not None else self.member.info.lite
 
     def short_of_backups(self) -> int:
-        """Partitions with fewer synchronous replicas than the data members allow (what a
-        state without migrations holds back)."""
-        want = 1 + min(self.config.backup_count, len(self.members.data_members) - 1)
+        """Partitions with fewer replicas (synchronous and asynchronous) than the data
+        members allow (what a state without migrations holds back)."""
+        want = 1 + min(self.config.total_backup_count, len(self.members.data_members) - 1)
         return sum(1 for pid in range(self.table.partition_count)
                    if sum(r is not None for r in self.table.replicas(pid)[:want]) < want)
 
@@ -353,6 +353,7 @@ class ClusterService:
             self.member.journal.view_dirty = True
         if left:
             self.member.maps.on_members_change(left)
+            self.member.syncs.on_members_change(left)
         if changed:
             self._table_changed(changed)
 
@@ -361,6 +362,7 @@ class ClusterService:
         map service drops, promotes and settles."""
         self.member.migrations.on_table_change(pids)
         self.member.maps.on_table_change(pids)
+        self.member.syncs.on_table_change(pids)
 
     def commit_locally(self, pid: int, row: tuple[str | None, ...]) -> None:
         """The destination's side of a migration commit (the master commits here first)."""
@@ -529,7 +531,7 @@ class ClusterService:
                 self._form_restarted(decision, names)
             else:
                 self._change_view(self.members, initial_assignment(
-                    self.table, self.members.data_members, self.config.backup_count))
+                    self.table, self.members.data_members, self.config.total_backup_count))
                 log.info("assigned %d partitions over %d members", self.table.partition_count,
                          len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
@@ -655,8 +657,8 @@ class ClusterService:
     # -- migrations (the master's) -----------------------------------------------------------
 
     def _new_driver(self) -> MigrationDriver:
-        return MigrationDriver(self.config.backup_count, self.config.max_parallel_migrations,
-                               self.config.migration_timeout)
+        return MigrationDriver(self.config.total_backup_count,
+                               self.config.max_parallel_migrations, self.config.migration_timeout)
 
     def _run_commands(self, commands: list[Command]) -> None:
         for event in self.driver.events:

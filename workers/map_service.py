@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
 from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
+from grid.cluster.replica_sync import WindowOp
 from grid.cluster.replication import Arrival, BackupInbox, BackupStreams, OutgoingOp
 from grid.cluster.reply_order import ReplyOrder, Slot, Ticket
 from grid.errors import ProtocolError
+from grid.partition.merkle import MerkleTree, diff_leaves
 from grid.partition.replica_versions import (
     REPLICA_VERSION_COUNT,
     BackupDecision,
@@ -58,6 +60,26 @@ RETURNS_OLD_VALUE = frozenset({p.PUT, p.REMOVE, p.PUT_IF_ABSENT, p.REPLACE})
 MAX_INVOCATION_RECORDS = 250_000
 
 
+def section(ns: str, pairs: Any) -> list[bytes]:
+    """A namespace's entries as items: its name, their count, then keys and values."""
+    flat = [part for pair in pairs for part in pair]
+    return [ns.encode(), (len(flat) // 2).to_bytes(8, "big"), *flat]
+
+
+def sections(items: list[bytes]) -> dict[str, list[tuple[bytes, bytes]]]:
+    """The entries per namespace of items made by ``section``."""
+    out: dict[str, list[tuple[bytes, bytes]]] = {}
+    at = 0
+    while at < len(items):
+        ns, count = items[at].decode(), int.from_bytes(items[at + 1], "big")
+        pairs = items[at + 2:at + 2 + 2 * count]
+        if len(pairs) != 2 * count:
+            raise ProtocolError("a namespace's section is shorter than its count")
+        out[ns] = list(zip(pairs[0::2], pairs[1::2], strict=True))
+        at += 2 + 2 * count
+    return out
+
+
 @dataclass
 class FragmentChunk:
     """One message of a migration fragment: lent record ranges, and versions."""
@@ -66,8 +88,16 @@ class FragmentChunk:
     vectors: dict[str, list[int]]  # replica versions of the namespaces whose first part is here
     entries: int  # records it completes
     size: int  # arena bytes it covers
+    # A differential fragment (seed 003): per namespace the Merkle leaves the destination
+    # replaces, and their entries as [name, count, key, value, ...] sections.
+    leaves: dict[str, list[int]] = field(default_factory=dict)
+    items: list[bytes] = field(default_factory=list)
+    # The root of the destination's tree each difference was taken against: it applies them
+    # only to that very copy (its table may have dropped it meanwhile).
+    roots: dict[str, int] = field(default_factory=dict)
 
 
+NOT_APPLIED = object()  # a backup operation older than the replica: ignored
 OWNERSHIP_CHANGED = "ownership of the partition changed during the write; resend it"
 
 
@@ -89,6 +119,14 @@ class MapService:
         self.lease_waiting: list[Ticket] = []
         self.durable_waiting: deque[Ticket] = deque()  # persistence_fsync = always
         self.owned: set[int] = set()  # partitions this member owns in its table
+        # Partitions this member loaded from its files and holds no replica of (yet): in a
+        # state that lets members rejoin (STABLE_CLUSTER) they are kept, so that the
+        # migrations giving them back move only what changed meanwhile (seed 003).
+        self.basis: set[int] = set()
+        # Tests only (SHMGRID_TEST_DROP_BACKUP_OPS=N in the member): every Nth backup
+        # operation is acknowledged but not applied, as if it had been lost.
+        self.drop_backup_every = 0
+        self._backup_parts_seen = 0
 
     def handlers(self) -> dict[str, Any]:
         table = {op: self._on_key_op for op in p.KEY_OPS}
@@ -554,10 +592,16 @@ class MapService:
         held = set(self.store.partitions())
         arriving = self.store.arriving_partitions()
         promoted = []
+        keep_basis = cluster.state.rejoin_allowed
         for pid in pids:
             if (pid in held or pid in arriving) and table.replica_index(pid, me) < 0:
+                if keep_basis and pid in self.basis:
+                    continue
+                self.basis.discard(pid)
                 self.store.drop_partition(pid)
                 self.versions.clear(pid)
+            elif pid in self.basis:
+                self.basis.discard(pid)  # a replica now: what it holds is the replica's
             if table.owner(pid) != me:
                 self.owned.discard(pid)
             elif pid not in self.owned:
@@ -632,6 +676,10 @@ class MapService:
             self._settle(ticket)
 
     def tick(self, now: float) -> None:
+        cluster = self.member.cluster
+        if self.basis and cluster.ready and not cluster.state.rejoin_allowed:
+            basis, self.basis = sorted(self.basis), set()
+            self.on_table_change(basis)  # no reclaim comes: what we hold no replica of goes
         for uuid, ops in self.streams.due(now):
             for op in ops:
                 self._send_backup(uuid, op)
@@ -744,21 +792,47 @@ class MapService:
             if kind == SYNC_KIND:
                 self._apply_sync(pid, index, chunk, header["vectors"])
                 self.take_records(pid, header.get("records"))
+                self.member.syncs.requests.forget(pid)  # now a copy of the owner's
                 continue
-            # Every op from the owner our table names is applied, in stream order: its
-            # acknowledged writes are then always here. The version vector flags replicas
-            # that missed ops (an asynchronous loss, say) for replica sync (seed 004).
-            if self.versions.apply_backup(pid, ns, index, versions) is \
-                    BackupDecision.APPLY_DIRTY:
-                log.info("partition %d/%s missed backup versions; marked dirty", pid, ns)
-            if target_versions is not None:
-                self.versions.apply_backup(pid, chunk[0].decode(), index, target_versions)
-            old = self._apply_backup(pid, ns, kind, chunk)
-            if iid is not None:
+            if self.drop_backup_every:  # tests only: an operation lost, yet acknowledged
+                self._backup_parts_seen += 1
+                if self._backup_parts_seen % self.drop_backup_every == 0:
+                    continue
+            old = self._decide_and_apply(pid, index, ns, kind, chunk, versions,
+                                         target_versions)
+            if iid is not None and old is not NOT_APPLIED:
                 applied.setdefault(iid, ([], old if want_old else None))[0].append(pid)
         for iid, (pids, outcome) in applied.items():
             self.records.record(iid, pids, outcome, now)
         return refused
+
+    def _decide_and_apply(self, pid: int, index: int, ns: str, kind: str, chunk: list[bytes],
+                          versions: list[int], target_versions: list[int] | None,
+                          replay: bool = False) -> Any:
+        """Seed 004's backup rules: apply an operation newer than this replica's version and
+        take its versions, ignore an older one (a replica sync brought it already); a gap
+        or a dirty replica asks the owner for a replica sync. Returns what the operation
+        returned, or NOT_APPLIED."""
+        decision = self.versions.apply_backup(pid, ns, index, versions)
+        wanted = [ns] if decision.request_sync else []
+        if target_versions is not None:
+            target = chunk[0].decode()
+            if self.versions.apply_backup(pid, target, index, target_versions).request_sync:
+                wanted.append(target)
+        if wanted:
+            if decision is BackupDecision.APPLY_DIRTY:
+                log.info("partition %d/%s missed a backup operation; marked dirty", pid, ns)
+            self.member.syncs.requests.want(pid, wanted)
+        if not decision.apply:
+            return NOT_APPLIED
+        old = self._apply_backup(pid, ns, kind, chunk)
+        requests = self.member.syncs.requests
+        if not replay and pid in requests.pending:  # a sync request is out: its window
+            keys = chunk[0::2] if kind == PUT_KIND else chunk if kind == REMOVE_KIND else None
+            requests.record(pid, WindowOp(
+                ns, kind, versions[index - 1], keys,
+                (ns, kind, chunk, versions, target_versions)))
+        return old
 
     def _apply_sync(self, pid: int, index: int, chunk: list[bytes],
                     vectors: dict[str, list[int]]) -> None:
@@ -783,21 +857,34 @@ class MapService:
         items: list[bytes] = []
         vectors: dict[str, list[int]] = {}
         for ns in namespaces:
-            section = [part for record in self.store.items(pid, ns) for part in record]
-            items += [ns.encode(), (len(section) // 2).to_bytes(8, "big"), *section]
+            items += section(ns, self.store.items(pid, ns))
             vectors[ns] = list(self.versions.get(pid, ns))
         return items, vectors
 
     def take_namespaces(self, pid: int, items: list[bytes], vectors: dict[str, Any],
                         index: int) -> None:
         """Store what ``encode_namespaces`` made, with its versions at replica ``index``."""
-        at = 0
-        while at < len(items):
-            ns, count = items[at].decode(), int.from_bytes(items[at + 1], "big")
-            pairs = items[at + 2:at + 2 + 2 * count]
-            at += 2 + 2 * count
-            self.store.put_many(pid, ns, zip(pairs[0::2], pairs[1::2], strict=True))
+        for ns, pairs in sections(items).items():
+            self.store.put_many(pid, ns, pairs)
             self.versions.set(pid, ns, vectors[ns], index)
+
+    def diff_namespaces(self, pid: int, namespaces: list[str], trees: dict[str, bytes]
+                        ) -> FragmentChunk:
+        """A differential fragment (seed 003): for namespaces whose tree the destination
+        sent (it holds an older copy), only the entries under the leaves that differ."""
+        depth = self.config.merkle_tree_depth
+        chunk = FragmentChunk([], {}, 0, 0)
+        for ns in namespaces:
+            chunk.vectors[ns] = list(self.versions.get(pid, ns))
+            theirs = MerkleTree.from_nodes(depth, trees[ns])
+            chunk.roots[ns] = theirs.root
+            leaves, _ = diff_leaves(theirs, self.store.tree(pid, ns))
+            pairs = self.store.leaf_entries(pid, ns, leaves)
+            chunk.leaves[ns] = leaves
+            chunk.items += section(ns, pairs)
+            chunk.entries += len(pairs)
+            chunk.size += sum(len(k) + len(v) for k, v in pairs)
+        return chunk
 
     def lend_namespaces(self, pid: int, namespaces: list[str], max_bytes: float
                         ) -> tuple[list[FragmentChunk], list[FragmentLoan]]:
@@ -828,13 +915,23 @@ class MapService:
         return chunks, loans
 
     def take_chunk(self, pid: int, parts: list[dict[str, Any]], vectors: dict[str, Any],
-                   index: int) -> None:
-        """Store one chunk that ``lend_namespaces`` made, with its versions at replica
-        ``index``."""
+                   index: int, leaves: dict[str, list[int]] | None = None,
+                   items: list[bytes] = (), roots: dict[str, int] | None = None) -> None:
+        """Store one chunk that ``lend_namespaces`` (or ``diff_namespaces``: ``leaves``, their
+        entries in ``items``, and the ``roots`` they apply to) made, with its versions at
+        replica ``index``."""
+        if leaves and (not isinstance(roots, dict) or set(roots) != set(leaves)):
+            raise ProtocolError("differences name the tree roots they apply to")
+        if leaves and any(self.store.tree(pid, ns).root != root for ns, root in roots.items()):
+            raise ValueError("what the differences were taken against changed here")
         for ns, vector in vectors.items():
             self.versions.set(pid, ns, vector, index)
         for part in parts:
             self.store.receive(pid, part)
+        if leaves:
+            entries = sections(list(items))
+            for ns, replaced in leaves.items():
+                self.store.replace_leaves(pid, ns, replaced, entries.get(ns, []))
 
     def _apply_backup(self, pid: int, ns: str, kind: str, chunk: list[bytes]) -> bytes | None:
         """Apply one part; for a single-key put or remove return the previous value (a

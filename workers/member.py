@@ -37,6 +37,9 @@ START_DELAY_ENV = "SHMGRID_TEST_START_DELAY"
 # A test hook: the member so named dies on its first migration commit, after it took the step
 # into its table and before its answer leaves (the master cannot know it committed).
 DIE_ON_COMMIT_ENV = "SHMGRID_TEST_DIE_ON_COMMIT"
+# Tests only: this member acknowledges every Nth backup operation without applying it (a lost
+# operation that replica sync must repair). Never set outside tests.
+DROP_BACKUP_OPS_ENV = "SHMGRID_TEST_DROP_BACKUP_OPS"
 
 
 class Member(Node):
@@ -200,6 +203,8 @@ class Member(Node):
             sent_entries=self.migrations.sent_entries, sent_bytes=self.migrations.sent_bytes,
             # Backup operations sent and not yet acknowledged (a slow or hung backup grows it).
             backup_backlog=self.maps.streams.unacked_count(),
+            # Replica sync (seed 004): dirty namespaces here, syncs asked for or lent out.
+            **self.syncs.status(),
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name,
             persistence=self.journal.stats() if self.journal is not None else None)
@@ -221,6 +226,7 @@ class Member(Node):
                 self.journal.close()
             except Exception:
                 log.exception("could not close the persistence log cleanly")
+        self.syncs.close()
         self.store.close()
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
@@ -237,13 +243,18 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     if os.environ.get(START_DELAY_ENV):  # tests only: a member that is slow to start
-        time.sleep(_start_delay(os.environ[START_DELAY_ENV], name))
+        time.sleep(_member_value(os.environ[START_DELAY_ENV], name))
     member = None
     try:
         member = Member(GridConfig(**config_dict), name, join_endpoints, supervisor_endpoint,
                         lite)
         if os.environ.get(DIE_ON_COMMIT_ENV) == name:
             _die_on_first_commit(member)
+        drop = _member_value(os.environ.get(DROP_BACKUP_OPS_ENV, ""), name)
+        if drop:
+            log.warning("test hook %s: every %d-th backup operation is dropped",
+                        DROP_BACKUP_OPS_ENV, int(drop))
+            member.maps.drop_backup_every = int(drop)
         # SIGTERM: leave gracefully (the master moves our replicas away, then removes us).
         signal.signal(signal.SIGTERM, lambda *_: member.cluster.request_leave())
         ready.send({"uuid": member.info.uuid, "endpoint": member.info.endpoint,
@@ -271,8 +282,8 @@ def _die_on_first_commit(member: Member) -> None:
     member.handlers[p.COMMIT] = commit_then_die
 
 
-def _start_delay(spec: str, name: str) -> float:
-    """The delay ``spec`` (``name=seconds,...``) gives member ``name``; 0 if none."""
+def _member_value(spec: str, name: str) -> float:
+    """The number ``spec`` (``name=number,...``) gives member ``name``; 0 if none."""
     for item in spec.split(","):
         who, _, seconds = item.partition("=")
         if who.strip() == name:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from grid import protocol as p
 from grid.cluster.migrations import migration_from_wire, migration_to_wire
 from grid.errors import ProtocolError
+from grid.partition.merkle import MerkleTree
 from grid.partition.migration_plan import source_side
 from grid.partition.planner import Migration, PlanningError, apply_migration
 from workers.map_service import FragmentChunk
@@ -57,6 +58,9 @@ class Outgoing:
     answered: bool = False  # the master has our answer
     first: bool = True
     retry_at: float | None = None  # a send that did not leave, or a destination behind
+    # The destination's Merkle trees of namespaces it already holds (None: not asked yet):
+    # those travel as differences (seed 003).
+    trees: dict[str, bytes] | None = None
 
 
 @dataclass
@@ -78,7 +82,7 @@ class MigrationService:
 
     def handlers(self) -> dict[str, Any]:
         return {p.MIGRATE: self._on_migrate, p.FRAGMENT: self._on_fragment,
-                p.COMMIT: self._on_commit}
+                p.COMMIT: self._on_commit, p.MIGRATION_TREES: self._on_trees}
 
     def migrating(self, pid: int) -> bool:
         """Whether writes to ``pid`` wait: this member is sending it."""
@@ -167,15 +171,49 @@ class MigrationService:
                 else:
                     self._send(run)
 
+    def _ask_trees(self, run: Outgoing) -> None:
+        """Before the first fragment: which namespaces the destination holds already (a
+        member that rejoined with its files), as Merkle trees; then send."""
+        run.trees = {}
+        namespaces = sorted(ns for names in run.fragments for ns in names)
+        if not self.member.config.merkle_tree_depth or not namespaces:
+            self._send(run)
+            return
+        pid = run.migration.partition_id
+
+        def on_reply(reply: dict[str, Any] | None, _: list[bytes]) -> None:
+            if self.outgoing.get(pid) is not run or run.current is not None:
+                return
+            trees = reply.get("trees") if reply and reply.get("ok") else None
+            size = MerkleTree.nodes_bytes(self.member.config.merkle_tree_depth)
+            if isinstance(trees, dict):
+                run.trees = {ns: t for ns, t in trees.items() if ns in namespaces
+                             and isinstance(t, bytes) and len(t) == size}
+            self._send(run)
+
+        self.member.request_peer(run.migration.destination, p.MIGRATION_TREES,
+                                 {"mid": run.mid, "m": migration_to_wire(run.migration),
+                                  "initial": run.initial_version, "nss": namespaces},
+                                 [], on_reply, timeout=self.member.config.heartbeat_timeout)
+
     def _send(self, run: Outgoing) -> None:
         """Send the fragment not yet acknowledged, or the next one."""
         pid = run.migration.partition_id
+        if run.trees is None:
+            self._ask_trees(run)
+            return
         if run.current is None:
             if not run.chunks:
                 self._release(run)  # the destination has the fragment before
                 names = run.fragments.pop(0) if run.fragments else []
-                run.chunks, run.loans = self.member.maps.lend_namespaces(
-                    pid, names, self.member.config.migration_chunk_bytes)
+                full = [ns for ns in names if ns not in run.trees]
+                if full or not names:  # there is always a chunk
+                    run.chunks, run.loans = self.member.maps.lend_namespaces(
+                        pid, full, self.member.config.migration_chunk_bytes)
+                diffed = [ns for ns in names if ns in run.trees]
+                if diffed:
+                    run.chunks.insert(0, self.member.maps.diff_namespaces(pid, diffed,
+                                                                          run.trees))
             run.current = run.chunks.pop(0)
         chunk = run.current
         in_flight = sum(self.in_flight.values())
@@ -187,9 +225,13 @@ class MigrationService:
         fields = {"mid": run.mid, "m": migration_to_wire(run.migration),
                   "initial": run.initial_version, "first": run.first,
                   "last": not run.chunks and not run.fragments, "parts": chunk.parts,
-                  "vectors": chunk.vectors}
+                  "vectors": chunk.vectors, "leaves": chunk.leaves, "roots": chunk.roots}
         if run.first:
             fields["records"] = self.member.maps.records.of_partition(pid)
+            # What the destination keeps of what it holds: these namespaces, as the
+            # differences say (no trees: nothing, every fragment comes whole).
+            fields["basis"] = bool(run.trees)
+            fields["nss"] = self.member.store.namespaces(pid)
         sent_at = self.member.now()
 
         def on_ack(reply: dict[str, Any] | None, _: list[bytes]) -> None:
@@ -211,7 +253,8 @@ class MigrationService:
                 run.current, run.first = None, False
                 self._send(run)
 
-        self.member.request_peer(run.migration.destination, p.FRAGMENT, fields, [], on_ack,
+        frames = [p.pack_items(chunk.items)] if chunk.leaves else []
+        self.member.request_peer(run.migration.destination, p.FRAGMENT, fields, frames, on_ack,
                                  timeout=self.member.config.migration_timeout)
 
     def _taken(self, chunk: FragmentChunk) -> None:
@@ -257,24 +300,48 @@ class MigrationService:
                                     f"{header.get('from')} does not send it")
             return
         arrival = self.incoming.get(pid)
+        leaves = header.get("leaves") or {}
+        if not isinstance(leaves, dict) or (leaves and len(frames) != 1):
+            raise ProtocolError("a differential fragment has its leaves and one frame")
         if header.get("first"):
             arrival = self.incoming[pid] = Incoming(mid, m, initial)
-            self.member.store.drop_partition(pid)
+            store = self.member.store
+            if header.get("basis"):  # we keep what we hold, the differences come
+                keep = set(header.get("nss") or ())
+                for ns in store.namespaces(pid):
+                    if ns not in keep:
+                        store.clear(pid, ns)
+            else:
+                store.drop_partition(pid)
             self.member.maps.versions.clear(pid)
+            self.member.syncs.requests.forget(pid)  # the fragments bring the owner's state
             self.member.maps.take_records(pid, header.get("records"))
         elif arrival is None or arrival.mid != mid:
             self.member.reply_error(ident, header, p.MIGRATING, "fragment of an unknown migration")
             return
         index = max(m.destination_new_replica_index, 1)
         try:
-            self.member.maps.take_chunk(pid, parts, vectors, index)
-        except (OSError, FragmentTransferError, RecordStoreClosedError) as exc:
+            self.member.maps.take_chunk(pid, parts, vectors, index, leaves,
+                                        p.unpack_items(frames[0]) if leaves else [],
+                                        header.get("roots"))
+        except (OSError, ValueError, FragmentTransferError, RecordStoreClosedError) as exc:
             # The sender's segments are gone (it died), do not fit, or ours cannot grow.
             self.member.reply_error(ident, header, p.MIGRATING,
                                     f"could not take the fragment of partition {pid}: {exc}")
             return
         arrival.complete = bool(header.get("last"))
         self.member.reply_ok(ident, header)
+
+    def _on_trees(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        """The destination: Merkle trees of the asked namespaces it holds."""
+        _, m, _ = self._request(header)
+        namespaces = header.get("nss")
+        if m.destination != self.member.info.uuid or not isinstance(namespaces, list):
+            raise ProtocolError("migration trees are asked of the destination, by namespace")
+        store, pid = self.member.store, m.partition_id
+        held = set(store.namespaces(pid))
+        self.member.reply_ok(ident, header, trees={
+            ns: bytes(store.tree(pid, ns).nodes) for ns in namespaces if ns in held})
 
     def _on_commit(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         mid, m, initial = self._request(header)

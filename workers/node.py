@@ -23,6 +23,7 @@ from workers.journal import Journal
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
 from workers.record_store import RecordStore
+from workers.replica_sync_service import ReplicaSyncService
 from workers.state_service import StateService
 
 log = logging.getLogger("shmgrid.member")
@@ -44,17 +45,20 @@ class Node:
         self.ids = itertools.count(1)
         self.running = True
         self.store = RecordStore(f"shmgrid-{config.cluster_name}-{info.name}",
-                                 max_record_bytes=config.max_value_bytes + 8)
+                                 max_record_bytes=config.max_value_bytes + 8,
+                                 merkle_depth=config.merkle_tree_depth)
         self.journal = journal  # its log is loaded by ``restore``, before the member runs
         self.cluster = ClusterService(self, join_endpoints)
         self.maps = MapService(self)
         self.migrations = MigrationService(self)
+        self.syncs = ReplicaSyncService(self)
         self.states = StateService(self)
         self.handlers: dict[str, Handler] = {p.PING: self._on_ping,
                                              p.PERSIST_BACKUP: self._on_persist_backup}
         self.handlers.update(self.cluster.handlers())
         self.handlers.update(self.maps.handlers())
         self.handlers.update(self.migrations.handlers())
+        self.handlers.update(self.syncs.handlers())
         self.handlers.update(self.states.handlers())
 
     # -- provided by the transport ---------------------------------------------------------
@@ -173,6 +177,7 @@ class Node:
         self.cluster.tick(now)
         self.maps.tick(now)
         self.migrations.tick(now)
+        self.syncs.tick(now)
         self.states.tick(now)
         if self.journal is not None and self.journal.view_dirty:
             self.save_view()
@@ -184,6 +189,7 @@ class Node:
         if journal is None or journal.log is not None:
             return
         restored = journal.restore(self.store.put_many, self.wake)
+        self.maps.basis = set(self.store.partitions())
         log.info("loaded %d records (%.1f MB) from %s in %.2f s", restored.records,
                  restored.bytes / 1e6, journal.folder, restored.seconds)
         self.store.journal = journal

@@ -12,6 +12,10 @@ Records are immutable once written while any iterator holds the segment (see ``i
 iterator sees a consistent snapshot: later puts append elsewhere, compaction writes a new
 segment, and a retired segment stays mapped until its last iterator finishes.
 
+A fragment may also keep a Merkle tree of its entries (grid/partition/merkle.py) for
+differential replica sync: built on the first ``tree`` call, then updated by every write of
+that fragment; dropped with the fragment (clear, drop, a received fragment replacing it).
+
 The store is not thread-safe: only the member's main thread calls it, from its poll loop
 (a ``zmq.Poller`` loop in workers/member.py, no asyncio); the persistence writer thread
 never touches it.
@@ -27,6 +31,7 @@ from typing import Any
 
 import mmh3
 
+from grid.partition.merkle import DEPTH_MAX, DEPTH_MIN, MerkleTree, entry_hash, leaf_shift
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
@@ -73,6 +78,11 @@ def _key_bytes(key: object) -> bytes:
     return memoryview(key).tobytes()  # type: ignore[arg-type]
 
 
+def _as_bytes(value: object) -> bytes:
+    """bytes of a value (mmh3 hashes only read-only bytes, not a bytearray or view)."""
+    return value if value.__class__ is bytes else bytes(value)  # type: ignore[return-value]
+
+
 def _value_buffer(value: object) -> bytes | bytearray | memoryview:
     """A view of a bytes-like value whose len() is its size in bytes, without copying."""
     if value.__class__ is bytearray:
@@ -99,6 +109,7 @@ class _Fragment:
         "live_bytes",
         "garbage_bytes",
         "tuple_entry_count",
+        "tree",
     )
 
     def __init__(self, store: RecordStore, segment: Segment) -> None:
@@ -112,6 +123,9 @@ class _Fragment:
         self.live_bytes = 0  # bytes of live records, headers included
         self.garbage_bytes = 0  # bytes of overwritten or removed records below top
         self.tuple_entry_count = 0  # index entries holding colliding offsets
+        # The Merkle tree of the entries, built on the first ``RecordStore.tree`` call and
+        # then updated by every write; None until then, so writes without one pay one check.
+        self.tree: MerkleTree | None = None
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -195,6 +209,8 @@ class _Fragment:
                 old = mm[start : start + old_value_size]
                 if old_value_size == value_size and self.segment.pin_count == 0:
                     mm[start : start + value_size] = value  # no iterator sees this segment
+                    if self.tree is not None:
+                        self.tree_update(h, key, old, value)
                     return old
                 dead_size = header_bytes + key_size + old_value_size
                 self.garbage_bytes += dead_size
@@ -210,6 +226,8 @@ class _Fragment:
         self.live_bytes += record_size
         self.count += 1
         index[h] = top if entry is None else self.entry_with(entry, top)
+        if self.tree is not None:
+            self.tree_update(h, key, old, value)
         return old
 
     def put_many(self, pairs: list[tuple[bytes, bytes]], record_bytes_sum: int) -> None:
@@ -220,6 +238,7 @@ class _Fragment:
         capacity_before = self.capacity
         index = self.index
         mm = self.mm
+        tree = self.tree
         for key, value in pairs:
             h = key_hash(key)
             if h in index:
@@ -237,6 +256,8 @@ class _Fragment:
             self.top = record_end
             self.live_bytes += record_end - top
             self.count += 1
+            if tree is not None:
+                tree.update(h, None, entry_hash(key, _as_bytes(value)))
         if self.capacity != capacity_before or self.top > self.capacity:
             raise RecordStoreInvariantError("put_many outgrew the room it made")
 
@@ -263,12 +284,53 @@ class _Fragment:
         self.garbage_bytes += dead_size
         self.live_bytes -= dead_size
         self.count -= 1
+        if self.tree is not None:
+            self.tree_update(h, key, old, None)
         if self.count == 0 and self.segment.pin_count == 0:
             # Nothing live and no iterator: reuse the arena from the start, no compaction.
             assert self.live_bytes == 0 and not index
             self.top = 0
             self.garbage_bytes = 0
         return old
+
+    # -- Merkle tree ----------------------------------------------------------------------
+
+    def tree_update(self, h: int, key: bytes, old: bytes | None, new: object) -> None:
+        """An entry changed from ``old`` to ``new`` (None: absent); the tree exists."""
+        self.tree.update(  # type: ignore[union-attr]
+            h,
+            None if old is None else entry_hash(key, old),
+            None if new is None else entry_hash(key, _as_bytes(new)),
+        )
+
+    def records_of(self, entries: Iterable[tuple[int, int | tuple[int, ...]]]
+                   ) -> Iterator[tuple[int, bytes, bytes]]:
+        """(key hash, key, value) of each record the index entries point at (a colliding
+        entry: each of its records). Reads only those records."""
+        mm = self.mm
+        for h, entry in entries:
+            for offset in (entry,) if entry.__class__ is int else entry:  # type: ignore[union-attr]
+                key_size, value_size = _unpack_header(mm, offset)
+                start = offset + header_bytes
+                middle = start + key_size
+                yield h, mm[start:middle], mm[middle : middle + value_size]
+
+    def build_tree(self, depth: int) -> MerkleTree:
+        """A tree of the live records from the hashes in the index (no key is hashed again).
+        Entry hashes are summed per leaf first: one tree update per leaf, not per entry."""
+        tree = MerkleTree(depth)
+        leaf_of = tree.leaf_of
+        sums: dict[int, list[int]] = {}  # leaf -> [a key hash in it, sum of entry hashes]
+        for h, key, value in self.records_of(self.index.items()):
+            leaf = leaf_of(h)
+            leaf_sum = sums.get(leaf)
+            if leaf_sum is None:
+                sums[leaf] = [h, entry_hash(key, value)]
+            else:
+                leaf_sum[1] += entry_hash(key, value)
+        for h, total in sums.values():
+            tree.update(h, None, total & _HASH_MASK)
+        return tree
 
     # -- growth and compaction -------------------------------------------------------------
 
@@ -388,6 +450,7 @@ class _Fragment:
         """Unlink the segment (unmapped now, or when its last iterator ends)."""
         self.index = {}
         self.count = 0
+        self.tree = None
         self.segment.retire()
 
     def check(self) -> None:
@@ -411,6 +474,9 @@ class _Fragment:
         tuple_count = sum(1 for entry in self.index.values() if entry.__class__ is tuple)
         if tuple_count != self.tuple_entry_count:
             raise RecordStoreInvariantError("tuple_entry_count disagrees with the index")
+        tree = self.tree
+        if tree is not None and tree.nodes != self.build_tree(tree.depth).nodes:
+            raise RecordStoreInvariantError("the Merkle tree disagrees with the records")
 
 
 class FragmentLoan:
@@ -532,15 +598,21 @@ class RecordStore:
         segment_prefix: str,
         initial_segment_bytes: int = 64 * 1024,
         max_record_bytes: int = 64 * 1024 * 1024,
+        merkle_depth: int = 10,
     ) -> None:
         validate_prefix(segment_prefix)
         if not isinstance(initial_segment_bytes, int) or initial_segment_bytes <= 0:
             raise ValueError(f"initial_segment_bytes must be > 0, got {initial_segment_bytes!r}")
         if not isinstance(max_record_bytes, int) or not 0 < max_record_bytes <= u32_max:
             raise ValueError(f"max_record_bytes must be in 1..{u32_max}, got {max_record_bytes!r}")
+        if type(merkle_depth) is not int or not (
+                merkle_depth == 0 or DEPTH_MIN <= merkle_depth <= DEPTH_MAX):
+            raise ValueError(f"merkle_depth must be 0 (no trees) or {DEPTH_MIN}..{DEPTH_MAX},"
+                             f" got {merkle_depth!r}")
         self._segment_prefix = segment_prefix
         self._initial_segment_bytes = initial_segment_bytes
         self._max_record_bytes = max_record_bytes
+        self._merkle_depth = merkle_depth
         self._partitions: dict[int, dict[str, _Fragment]] = {}
         self._receiving: dict[tuple[int, str], _Fragment] = {}  # lent fragments arriving
         self.loans: set[FragmentLoan] = set()  # fragments this store has lent out
@@ -693,6 +765,75 @@ class RecordStore:
             self.journal.put_many(pid, target, moved.items())
             self.journal.clear(pid, source)
         return moved.count
+
+    # -- Merkle trees (differential replica sync) -----------------------------------------
+
+    def tree(self, pid: int, namespace: str) -> MerkleTree | None:
+        """The fragment's Merkle tree, for comparing replicas (None when ``merkle_depth`` is
+        0). Built on the first call, then kept up to date by every write, so only fragments
+        that are compared pay for one. The tree returned is the live one: read, never change
+        it. A fragment that does not exist has an all-zero tree (a new one, not kept)."""
+        depth = self._merkle_depth
+        if depth == 0:
+            return None
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return MerkleTree(depth)
+        if fragment.tree is None:
+            fragment.tree = fragment.build_tree(depth)
+        return fragment.tree
+
+    def leaf_entries(self, pid: int, namespace: str, leaves: Iterable[int]
+                     ) -> list[tuple[bytes, bytes]]:
+        """The (key, value) pairs under these leaves: what a replica sends for the leaves
+        where its tree and its peer's differ. Selected by the hashes in the index, so only
+        those records are read."""
+        wanted = self._leaves(leaves)
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return []
+        shift = leaf_shift(self._merkle_depth)
+        selected = [(h, entry) for h, entry in fragment.index.items()
+                    if (h & _HASH_MASK) >> shift in wanted]
+        return [(key, value) for _, key, value in fragment.records_of(selected)]
+
+    def replace_leaves(self, pid: int, namespace: str, leaves: Iterable[int],
+                       pairs: Iterable[tuple[bytes, bytes]]) -> int:
+        """Make the fragment's entries under these leaves exactly ``pairs`` (the peer's
+        ``leaf_entries``): put what differs, remove what the pairs lack, through ``put_many``
+        and ``remove`` so that the journal and the tree follow. A pair outside the leaves is a
+        ValueError, and a too-large one a ValueTooLargeError, before anything changes.
+        Returns the entries written or removed."""
+        wanted = self._leaves(leaves)
+        shift = leaf_shift(self._merkle_depth)
+        new: dict[bytes, bytes] = {}
+        for key, value in pairs:
+            if key.__class__ is not bytes:
+                key = _key_bytes(key)
+            if (key_hash(key) & _HASH_MASK) >> shift not in wanted:
+                raise ValueError(f"key {key!r} is not under the leaves being replaced")
+            new[key] = value
+        current = dict(self.leaf_entries(pid, namespace, wanted))
+        changed = [(key, value) for key, value in new.items() if current.get(key) != value]
+        self.put_many(pid, namespace, changed)  # checks every size before it writes
+        removed = [key for key in current if key not in new]
+        for key in removed:
+            self.remove(pid, namespace, key)
+        return len(changed) + len(removed)
+
+    def _leaves(self, leaves: Iterable[int]) -> set[int]:
+        """The leaf numbers as a set, each checked against the store's depth."""
+        depth = self._merkle_depth
+        if depth == 0:
+            raise ValueError("this store has no Merkle trees (merkle_depth=0), so no leaves")
+        wanted = set(leaves)
+        leaf_count = 1 << (depth - 1)
+        for leaf in wanted:
+            if type(leaf) is not int or not 0 <= leaf < leaf_count:
+                raise ValueError(f"leaf must be an int in 0..{leaf_count - 1}, got {leaf!r}")
+        return wanted
 
     # -- migration transfer ----------------------------------------------------------------
 

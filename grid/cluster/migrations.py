@@ -28,7 +28,13 @@ from typing import Any
 
 from grid.cluster.state import ClusterState
 from grid.partition.assignment import assign
-from grid.partition.migration_plan import MigrationPlan, plan_repartition, source_side
+from grid.partition.migration_plan import (
+    MigrationPlan,
+    RepartitionPlan,
+    demote_table,
+    plan_repartition,
+    source_side,
+)
 from grid.partition.planner import Migration, apply_migration
 from grid.partition.table import PartitionTable
 
@@ -119,6 +125,14 @@ def migration_from_wire(obj: object) -> Migration:
     return Migration(source, sci, sni, destination, dci, dni, pid)
 
 
+def _apply_at_once(new: PartitionTable, repartition: RepartitionPlan) -> PartitionTable:
+    """Apply the plan's removals and lost owners to ``new`` (the master does them at once)."""
+    for step in (*repartition.removals, *repartition.lost_owners):
+        pid = step.partition_id
+        new.set_replicas(pid, apply_migration(new.replicas(pid), step))
+    return new
+
+
 class MigrationDriver:
     def __init__(self, backup_count: int, max_parallel_migrations: int,
                  migration_timeout: float) -> None:
@@ -148,24 +162,40 @@ class MigrationDriver:
         """Plan from ``table`` towards the balanced target, if they differ, no plan runs and
         the cluster ``state`` allows migrations (seed 000: never by the state's name); or
         towards ``target`` (STABLE_CLUSTER's reclaim: members that came back take back
-        their partitions), which no state forbids."""
+        their partitions), which no state forbids.
+
+        For a reclaim only, backups that the target puts at a colder index, into a slot empty
+        now, are first demoted in place (``demote_table``, seed 003), before the removals
+        and lost owners are applied: the first ``NewTable`` carries them, before any
+        ``Transfer``, and the plan starts from the demoted table; when nothing is left to
+        migrate, that table is published and no plan starts."""
         if self.plan is not None or not data_members or \
                 (target is None and not state.migration_allowed):
             return []
+        reclaim = target is not None
         if target is None:
             target = self.target(table, data_members)
         if all(target.replicas(pid) == table.replicas(pid)
                for pid in range(table.partition_count)):
             return []
-        repartition = plan_repartition(table, target)
-        if not (repartition.queues or repartition.removals or repartition.lost_owners):
+        start, demoted = table, False
+        if reclaim:
+            # Seed 003: backups that only go colder take their slot at once (no data moves),
+            # so that the planner shifts owners down instead of dropping and copying back.
+            # Before the removals: the planner may REMOVE a backup only to COPY it back colder.
+            lowered = demote_table(table, target)
+            demoted = lowered != table
+            if demoted:
+                start = lowered
+        repartition = plan_repartition(start, target)
+        if not demoted and not (repartition.queues or repartition.removals or
+                                repartition.lost_owners):
             return []  # what differs are cycles the planner cancels: nothing to do
-        new = table.copy()
-        for step in (*repartition.removals, *repartition.lost_owners):
-            pid = step.partition_id
-            new.set_replicas(pid, apply_migration(new.replicas(pid), step))
+        new = _apply_at_once(start.copy(), repartition)
         commands: list[Command] = [NewTable(new)] if new != table else []
         self._table = new
+        if demoted and not repartition.queues:
+            return commands  # only demotions (and removals): publish, no empty plan
         self.plan = MigrationPlan(repartition.queues, lambda pid: self._table.owner(pid),
                                   self.max_parallel)
         self.stats = MigrationStats(planned=repartition.migration_count)

@@ -29,6 +29,12 @@ MASK = (1 << 64) - 1
 DEPTH_MIN, DEPTH_MAX = 1, 20
 
 
+def leaf_shift(depth: int) -> int:
+    """How far a 64-bit key hash is shifted right to give its leaf at ``depth``: the leaves
+    are numbered by the hash's top ``depth - 1`` bits."""
+    return 65 - depth
+
+
 def entry_hash(key: bytes, value: bytes) -> int:
     """The hash an entry adds to its leaf (64 bits of MurmurHash3 of key, then value)."""
     return mmh3.hash64(value, seed=mmh3.hash(key, signed=False), signed=False)[0]
@@ -45,7 +51,7 @@ class MerkleTree:
         self.depth = depth
         # Heap layout: node i has children 2i+1 and 2i+2; level L starts at 2**L - 1.
         self.nodes = array("Q", bytes(8 * ((1 << depth) - 1)))
-        self._shift = 64 - (depth - 1)
+        self._shift = leaf_shift(depth)
 
     @classmethod
     def of(cls, depth: int, entries: Iterable[tuple[int, int]]) -> MerkleTree:
@@ -55,9 +61,25 @@ class MerkleTree:
             tree.update(key_hash, None, hashed)
         return tree
 
+    @staticmethod
+    def nodes_bytes(depth: int) -> int:
+        """The size of ``bytes(tree.nodes)`` at this depth."""
+        return 8 * ((1 << depth) - 1)
+
+    @classmethod
+    def from_nodes(cls, depth: int, nodes: bytes) -> MerkleTree:
+        """A tree from another replica's ``bytes(tree.nodes)`` (what a sync request carries);
+        ValueError when the size does not fit the depth."""
+        tree = cls(depth)
+        if len(nodes) != cls.nodes_bytes(depth):
+            raise ValueError(f"a tree of depth {depth} has {cls.nodes_bytes(depth)} bytes of "
+                             f"nodes, not {len(nodes)}")
+        tree.nodes = array("Q", nodes)
+        return tree
+
     def leaf_of(self, key_hash: int) -> int:
         """The leaf (0 .. 2**(depth-1) - 1) that holds a key with this 64-bit hash."""
-        return (key_hash & MASK) >> self._shift if self._shift < 64 else 0
+        return (key_hash & MASK) >> self._shift
 
     def update(self, key_hash: int, old: int | None, new: int | None) -> None:
         """An entry changed: its hash was ``old`` (None: absent) and is ``new`` (None:

@@ -22,13 +22,15 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from grid.partition.planner import Migration, plan_migrations, prioritize_copies_and_shift_ups
-from grid.partition.table import PartitionTable, PartitionTableError
+from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable, PartitionTableError
 
 __all__ = [
     "DEFAULT_MAX_PARALLEL_MIGRATIONS",
     "MigrationPlan",
     "MigrationPlanError",
     "RepartitionPlan",
+    "demote_in_place",
+    "demote_table",
     "plan_repartition",
     "source_side",
 ]
@@ -90,6 +92,53 @@ def plan_repartition(current: PartitionTable, target: PartitionTable) -> Reparti
         if queued:
             queues.append(tuple(prioritize_copies_and_shift_ups(queued)))
     return RepartitionPlan(tuple(removals), tuple(lost_owners), tuple(queues))
+
+
+def demote_in_place(
+    current: Sequence[Hashable | None], target: Sequence[Hashable | None]
+) -> list[Hashable | None]:
+    """``current`` (a copy, 7 slots, None empty) with every backup that the target puts at a
+    colder replica index, into a slot empty here, moved there directly.
+
+    Seed 003 ("Migration planning"): when a member rejoins in STABLE_CLUSTER and takes back
+    its partitions, ``[A, B, None] -> [C, A, B]`` is planned as MOVE A 0->-1 / C -1->0 (A's
+    good data deleted) then B 1->2 / A -1->1 (the same data copied back to A). Demoting B to
+    index 2 first leaves ``[A, None, B] -> [C, A, B]``, which the planner does as one SHIFT
+    DOWN {src=A, 0->1, dst=C, -1->0}: A keeps its data as a backup. A demotion in place moves
+    no data (the member already holds the partition; a colder backup needs less), so the
+    master applies it to the table at once, as it does removals.
+
+    Only backups move (replica index >= 1; the owner at index 0 never does), only to a colder
+    index, only into a slot empty in the row as it is then; colder slots go first and the
+    row is walked again until nothing moves, so that a chain frees up.
+    """
+    if len(current) > MAX_REPLICA_COUNT or len(target) > MAX_REPLICA_COUNT:
+        raise PartitionTableError(f"a partition has at most {MAX_REPLICA_COUNT} replicas")
+    row = list(current) + [None] * (MAX_REPLICA_COUNT - len(current))
+    wanted = {m: i for i, m in enumerate(target) if m is not None}
+    moved = True
+    while moved:
+        moved = False
+        for index in range(MAX_REPLICA_COUNT - 1, 0, -1):
+            member = row[index]
+            colder = wanted.get(member, -1) if member is not None else -1
+            if colder > index and row[colder] is None:
+                row[colder], row[index] = member, None
+                moved = True
+    return row
+
+
+def demote_table(table: PartitionTable, target: PartitionTable) -> PartitionTable:
+    """A copy of ``table`` with ``demote_in_place`` applied to every partition (each
+    partition's version rises by the slots that changed, as ``set_replicas`` does)."""
+    if table.partition_count != target.partition_count:
+        raise PartitionTableError(
+            f"partition counts differ: {table.partition_count} and {target.partition_count}"
+        )
+    demoted = table.copy()
+    for pid in range(table.partition_count):
+        demoted.set_replicas(pid, demote_in_place(table.replicas(pid), target.replicas(pid)))
+    return demoted
 
 
 def source_side(m: Migration, owner: Hashable | None) -> Hashable | None:

@@ -21,9 +21,16 @@ API (one ``ReplicaVersions`` per member; all methods are pure state changes, no 
   ``STALE``       v <= known (already applied, or older); ignored        no     no
   ``APPLY_DIRTY`` v > known + 1 (something was missed); versions are     yes    yes
                   set and the replica is marked dirty
-  ``SYNC_AGAIN``  the replica is already dirty, whatever v is; the       no     yes
-                  operation is dropped, the coming sync brings its data
+  ``SYNC_AGAIN``  the replica is already dirty and v > known: applied    yes    yes
+                  and versions set as above; the sync is asked for again
+  ``STALE_DIRTY`` the replica is already dirty and v <= known: ignored,   no     yes
+                  the sync is asked for again
   ==============  =====================================================  =====  ====
+
+  The seed's fourth rule ("a dirty replica sends a new sync request whatever the version")
+  only adds the request; the first three still decide whether the operation is applied. So a
+  dirty synchronous backup still holds every acknowledged write that reached it: dropping
+  them until the sync came would let a write be acknowledged that no backup holds.
 
 - ``needs_sync(pid, namespace, replica_index, primary_versions) -> bool``: the check of the
   periodic anti-entropy task, on a backup, against the primary's vector.
@@ -63,16 +70,19 @@ class BackupDecision(enum.Enum):
     STALE = "STALE"
     APPLY_DIRTY = "APPLY_DIRTY"
     SYNC_AGAIN = "SYNC_AGAIN"
+    STALE_DIRTY = "STALE_DIRTY"
 
     @property
     def apply(self) -> bool:
         """Run the backup operation on the local replica."""
-        return self in (BackupDecision.APPLY, BackupDecision.APPLY_DIRTY)
+        return self in (BackupDecision.APPLY, BackupDecision.APPLY_DIRTY,
+                        BackupDecision.SYNC_AGAIN)
 
     @property
     def request_sync(self) -> bool:
         """Send a replica sync request for this partition and namespace to the primary."""
-        return self in (BackupDecision.APPLY_DIRTY, BackupDecision.SYNC_AGAIN)
+        return self in (BackupDecision.APPLY_DIRTY, BackupDecision.SYNC_AGAIN,
+                        BackupDecision.STALE_DIRTY)
 
 
 class _Entry:
@@ -140,6 +150,11 @@ class ReplicaVersions:
         """The namespaces of a partition that need a replica sync."""
         return [ns for ns, entry in self._partitions.get(pid, {}).items() if entry.dirty]
 
+    def dirty_count(self) -> int:
+        """Namespaces, over all partitions, that wait for a replica sync."""
+        return sum(entry.dirty for namespaces in self._partitions.values()
+                   for entry in namespaces.values())
+
     def increment(self, pid: int, namespace: Hashable, backup_count: int) -> Versions:
         """On the primary: one operation with ``backup_count`` (sync + async) backups."""
         if (
@@ -167,13 +182,13 @@ class ReplicaVersions:
         _check_replica_index(replica_index)
         vector = _check_vector(versions)
         entry = self._entry(pid, namespace)
-        if entry.dirty:
-            return BackupDecision.SYNC_AGAIN
         known = entry.versions[replica_index - 1]
         carried = vector[replica_index - 1]
         if carried <= known:
-            return BackupDecision.STALE
+            return BackupDecision.STALE_DIRTY if entry.dirty else BackupDecision.STALE
         self._install(entry, vector, replica_index)
+        if entry.dirty:
+            return BackupDecision.SYNC_AGAIN
         if carried == known + 1:
             return BackupDecision.APPLY
         entry.dirty = True

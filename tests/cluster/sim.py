@@ -64,6 +64,12 @@ class SimNetwork:
         self.failing_links: set[tuple[Any, Any]] = set()  # every send on them fails
         self.send_failure_rate = send_failure_rate
         self.duplicate_rate = duplicate_rate
+        # Asynchronous backup operations lost on the way (they have no stream that sends them
+        # again): what replica sync (seed 004) must find and repair.
+        self.async_loss_rate = 0.0
+        # Seconds a replica sync answer takes on top (its request stays out while the owner
+        # takes more writes, which the backup applies meanwhile).
+        self.sync_answer_delay = 0.0
         self.clients: dict[bytes, SimClient] = {}
         self.log: list[str] = []
         self.violations: list[str] = []
@@ -72,6 +78,9 @@ class SimNetwork:
         self.pending_writes: dict[tuple[bytes, int], tuple[str, int]] = {}  # (client, rid)
         self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
         self.assigned: set[str] = set()  # nodes whose table had every partition owned
+        self.syncs_seen: dict[str, int] = {}  # node -> replica syncs it had installed
+        self.owner_acked: dict[tuple[str, str], int] = {}  # (ns, key) -> newest value an
+        # owner acknowledged (values of a key only grow)
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -122,6 +131,10 @@ class SimNetwork:
     # -- invariants, after every step ------------------------------------------------------
 
     def check_step(self) -> None:
+        for node in self.nodes.values():
+            if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
+                self.syncs_seen[node.name] = node.syncs.synced
+                self.check_synced_backup(node)
         changed = False
         for node in self.nodes.values():
             members, table = node.cluster.members, node.cluster.table
@@ -200,6 +213,21 @@ class SimNetwork:
             if got != want:
                 self.violation(f"{owner.name} acked {key}={value} but replica {index} "
                                f"({node.name}) holds {got!r}")
+
+    def check_synced_backup(self, node: SimNode) -> None:
+        """A replica sync was installed on ``node``: where it is a synchronous backup it
+        still holds every write an owner acknowledged, or a later one (a sync must never take
+        one away)."""
+        table, me = node.cluster.table, node.info.uuid
+        for (ns, key), value in self.owner_acked.items():
+            key_bytes = serialize_key(key)
+            pid = partition_id_of(key_bytes, table.partition_count)
+            if not 0 < table.replica_index(pid, me) <= self.config.backup_count:
+                continue
+            got = node.store.get(pid, ns, key_bytes)
+            if got is None or deserialize_value(got) < value:
+                self.violation(f"a replica sync left synchronous backup {node.name} with "
+                               f"{key}={got!r}, acknowledged {value}")
 
     def check_read_durable(self, owner: SimNode, key: str, frames: list[bytes]) -> None:
         """An owner answers a read with a value: every synchronous backup of the newest table
@@ -324,6 +352,10 @@ class SimNode(Node):
                 self.net.rng.random() < self.net.send_failure_rate:
             return False  # did not leave: the caller must not take it for delivered
         target = self.net.nodes.get(endpoint)
+        if self.net.async_loss_rate and self.net.rng.random() < self.net.async_loss_rate:
+            header = p.unpack_header(frames[0])
+            if header.get("op") == p.BACKUP and header.get("seq") is None:
+                return True  # it left, and is lost on the way
         if target is not None:
             self.net.send(me, endpoint, lambda: target.deliver(me, frames[0], frames[1:]),
                           sender=self)
@@ -341,6 +373,8 @@ class SimNode(Node):
             write = self.net.pending_writes.get((ident, header.get("id")))
             if write is not None and header.get("ok"):
                 self.net.check_acked_write(self, *write)
+                acked = (client.ns, write[0])
+                self.net.owner_acked[acked] = max(write[1], self.net.owner_acked.get(acked, 0))
             read = self.net.pending_reads.pop((ident, header.get("id")), None)
             if read is not None and header.get("ok"):
                 self.net.check_read_durable(self, read, frames)
@@ -353,8 +387,14 @@ class SimNode(Node):
             return
         for node in self.net.nodes.values():
             if node.info.uuid.encode() == ident:
-                self.net.send(self.info.endpoint, ident, lambda n=node: n.take_reply(frames),
-                              sender=self)
+                def send(n: SimNode = node) -> None:
+                    self.net.send(self.info.endpoint, ident, lambda: n.take_reply(frames),
+                                  sender=self)
+                if self.net.sync_answer_delay and "replaced" in p.unpack_header(frames[0]):
+                    self.net.at(self.net.time + self.net.rng.uniform(0.5, 1.0) *
+                                self.net.sync_answer_delay, send)
+                else:
+                    send()
                 return
 
     def notify_supervisor(self, op: str, **fields: Any) -> None:
@@ -569,6 +609,29 @@ def check_converged(net: SimNetwork) -> list[str]:
         if node.store.loans or node.store.arriving_partitions():
             problems.append(f"{node.name} still lends {node.store.loans} or receives "
                             f"{node.store.arriving_partitions()} once quiet")
+    return problems
+
+
+def replicas_differing(net: SimNetwork) -> list[str]:
+    """Replicas (synchronous and asynchronous) whose namespaces differ from their owner's."""
+    by_uuid = {n.info.uuid: n for n in net.alive()}
+    table = net.alive()[0].cluster.table
+    problems = []
+    for pid in range(table.partition_count):
+        replicas = table.replicas(pid)
+        owner = by_uuid.get(replicas[0])
+        if owner is None:
+            continue
+        want = {ns: dict(owner.store.items(pid, ns)) for ns in owner.store.namespaces(pid)}
+        for index, replica in enumerate(replicas[1:1 + net.config.total_backup_count], 1):
+            node = by_uuid.get(replica) if replica else None
+            if node is None:
+                continue
+            got = {ns: dict(node.store.items(pid, ns)) for ns in node.store.namespaces(pid)}
+            if got != want:
+                diff = {ns for ns in set(got) | set(want) if got.get(ns) != want.get(ns)}
+                problems.append(f"partition {pid} replica {index} ({node.name}) differs from "
+                                f"its owner in {sorted(diff)}")
     return problems
 
 

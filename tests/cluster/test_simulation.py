@@ -26,11 +26,12 @@ TIMEOUT_S = 2.0
 
 
 def form_cluster(seed: int, backup_count: int = 1, nodes: int = 4,
-                 send_failure_rate: float = 0.0, duplicate_rate: float = 0.0) -> SimNetwork:
+                 send_failure_rate: float = 0.0, duplicate_rate: float = 0.0,
+                 **config_changes: object) -> SimNetwork:
     config = GridConfig(cluster_name=test_cluster_name(f"sim{seed}x"), partition_count=31,
                         backup_count=backup_count, heartbeat_interval=0.2,
                         heartbeat_timeout=TIMEOUT_S, invocation_timeout=5.0,
-                        cluster_secret="sim-secret")
+                        cluster_secret="sim-secret", **config_changes)
     net = SimNetwork(seed, config, send_failure_rate, duplicate_rate)
     first = net.add_node([])
     for _ in range(nodes - 1):

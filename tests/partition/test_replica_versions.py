@@ -84,17 +84,24 @@ def test_backup_skipping_ahead_is_applied_and_marks_dirty():
     assert rv.dirty_namespaces(0) == [MAP]
 
 
-@pytest.mark.parametrize("carried", [1, 7, 8, 20])
+@pytest.mark.parametrize("carried", [1, 6, 7, 8, 20])
 def test_dirty_replica_asks_for_sync_again_whatever_the_version(carried):
+    """Seed 004's fourth rule adds a sync request to every operation a dirty replica gets;
+    whether it is applied is still decided by the version (a newer one is, a stale one not)."""
     rv = ReplicaVersions()
     rv.set(0, MAP, (6, 0, 0, 0, 0, 0))
     rv.mark_dirty(0, MAP)
     decision = rv.apply_backup(0, MAP, 1, (carried, 0, 0, 0, 0, 0))
-    assert decision is BackupDecision.SYNC_AGAIN
-    assert not decision.apply
     assert decision.request_sync
-    assert rv.get(0, MAP) == (6, 0, 0, 0, 0, 0)
     assert rv.is_dirty(0, MAP)
+    if carried > 6:
+        assert decision is BackupDecision.SYNC_AGAIN
+        assert decision.apply
+        assert rv.get(0, MAP) == (carried, 0, 0, 0, 0, 0)
+    else:
+        assert decision is BackupDecision.STALE_DIRTY
+        assert not decision.apply
+        assert rv.get(0, MAP) == (6, 0, 0, 0, 0, 0)
 
 
 def test_sync_clears_dirty_and_backups_resume():
@@ -115,7 +122,7 @@ def test_namespaces_of_one_partition_are_independent():
     assert rv.apply_backup(7, MAP, 1, (2, 0, 0, 0, 0, 0)) is BackupDecision.APPLY
     assert rv.apply_backup(7, OTHER, 1, (4, 0, 0, 0, 0, 0)) is BackupDecision.SYNC_AGAIN
     assert rv.get(7, MAP) == (2, 0, 0, 0, 0, 0)
-    assert rv.get(7, OTHER) == (3, 0, 0, 0, 0, 0)
+    assert rv.get(7, OTHER) == (4, 0, 0, 0, 0, 0)
     assert rv.namespaces(7) == [MAP, OTHER]
     assert rv.dirty_namespaces(7) == [OTHER]
     assert rv.get(8, MAP) == (0,) * 6  # other partitions are untouched

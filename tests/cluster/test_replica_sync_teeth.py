@@ -1,0 +1,53 @@
+"""The replica sync simulation has teeth: each test breaks one rule of replica sync on purpose
+and shows that the simulated runs (tests/cluster/test_replica_sync_sim.py) catch it."""
+
+from __future__ import annotations
+
+import pytest
+
+from grid.cluster import replica_sync
+from grid.partition.replica_versions import BackupDecision
+from tests.cluster.test_replica_sync_sim import CASES, check_case
+from tests.cluster.test_simulation_teeth import first_failure
+from workers.replica_sync_service import ReplicaSyncService
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def caught(cases: list[str], seeds: range) -> str | None:
+    return first_failure(check_case, cases, seeds)
+
+
+def test_a_backup_that_never_installs_an_answer_is_caught(monkeypatch):
+    monkeypatch.setattr(ReplicaSyncService, "_install", lambda self, *args: None)
+    assert caught(["loss"], range(3))
+
+
+def test_an_owner_that_never_sends_its_versions_is_caught(monkeypatch):
+    """Only a later operation would show a backup its gap; the last ones lost stay lost."""
+    monkeypatch.setattr(ReplicaSyncService, "_send_versions", lambda self: None)
+    assert caught(["loss", "loss-kill"], range(6))
+
+
+def test_an_answer_installed_without_the_window_operations_is_caught(monkeypatch):
+    """Operations newer than the snapshot, applied while the request was out, are dropped."""
+    plan = replica_sync.plan_install
+
+    def no_replay(window, snapshot, replaced, leaf_of):
+        return plan(window, snapshot, replaced, leaf_of)[0], []
+    monkeypatch.setattr("workers.replica_sync_service.plan_install", no_replay)
+    assert caught(CASES, range(6))
+
+
+def test_an_answer_installed_whatever_was_applied_meanwhile_is_caught(monkeypatch):
+    monkeypatch.setattr("workers.replica_sync_service.plan_install",
+                        lambda window, snapshot, replaced, leaf_of: (True, []))
+    assert caught(CASES, range(6))
+
+
+def test_a_dirty_backup_that_drops_operations_until_its_sync_is_caught(monkeypatch):
+    """The seed's fourth rule read as "drop the operation": a dirty synchronous backup then
+    acknowledges writes it does not hold."""
+    monkeypatch.setattr(BackupDecision, "apply", property(
+        lambda self: self in (BackupDecision.APPLY, BackupDecision.APPLY_DIRTY)))
+    assert caught(["two-sync-slow-answers-kill"], range(6))

@@ -783,6 +783,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(sp)
     sp.set_defaults(func=cmd_bench)
+
+    from grid.chaos import cli as chaos_cli
+
+    sp = sub.add_parser(
+        "chaos", help="a workload, seeded faults, a recorded history and a verdict",
+        description="Start a cluster (or attach to --cluster-name), run a random workload "
+        "from client processes while seeded faults hit the members, record every operation, "
+        "then check the history: linearizable per key, no acknowledged write lost. Exit 1 "
+        "on a violation within the faults the grid promises to survive (at most "
+        "backup-count members down at once).")
+    chaos_cli.add_arguments(sp)
+    sp.set_defaults(func=chaos_cli.cmd_chaos)
     return parser
 
 

@@ -127,6 +127,9 @@ class MapService:
         # operation is acknowledged but not applied, as if it had been lost.
         self.drop_backup_every = 0
         self._backup_parts_seen = 0
+        # Tests only (SHMGRID_TEST_ACK_EARLY=1): a broken owner that answers a write before
+        # its backups have it, and sends them the operation only on the next retransmit.
+        self.ack_early = False
 
     def handlers(self) -> dict[str, Any]:
         table = {op: self._on_key_op for op in p.KEY_OPS}
@@ -519,7 +522,8 @@ class MapService:
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
             for uuid in sync:
-                ticket.waiting.setdefault(uuid, set()).add(pid)
+                if not self.ack_early:
+                    ticket.waiting.setdefault(uuid, set()).add(pid)
                 parts, payload = per_member.setdefault((uuid, True), ([], []))
                 parts.append(part)
                 payload.extend(items)
@@ -542,8 +546,9 @@ class MapService:
             frames = [p.pack_items(payload)]
             if is_sync:
                 op = self.streams.add(uuid, fields, frames, now)
-                self.op_tickets[(uuid, op.seq)] = ticket
-                self._send_backup(uuid, op)
+                if not self.ack_early:
+                    self.op_tickets[(uuid, op.seq)] = ticket
+                    self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
             else:  # asynchronous: nobody waits, a lost one is for replica sync to repair
                 self.member.request_peer(uuid, p.BACKUP, fields, frames, lambda h, f: None,
                                          timeout=self.config.heartbeat_timeout)

@@ -40,6 +40,9 @@ DIE_ON_COMMIT_ENV = "SHMGRID_TEST_DIE_ON_COMMIT"
 # Tests only: this member acknowledges every Nth backup operation without applying it (a lost
 # operation that replica sync must repair). Never set outside tests.
 DROP_BACKUP_OPS_ENV = "SHMGRID_TEST_DROP_BACKUP_OPS"
+# Tests only: the member acknowledges writes before its backups have them (a broken grid for
+# the chaos checker to catch). Never set outside tests.
+ACK_EARLY_ENV = "SHMGRID_TEST_ACK_EARLY"
 
 
 class Member(Node):
@@ -255,6 +258,10 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
             log.warning("test hook %s: every %d-th backup operation is dropped",
                         DROP_BACKUP_OPS_ENV, int(drop))
             member.maps.drop_backup_every = int(drop)
+        if os.environ.get(ACK_EARLY_ENV) == "1":
+            log.warning("test hook %s: writes are acknowledged before the backups have them",
+                        ACK_EARLY_ENV)
+            member.maps.ack_early = True
         # SIGTERM: leave gracefully (the master moves our replicas away, then removes us).
         signal.signal(signal.SIGTERM, lambda *_: member.cluster.request_leave())
         ready.send({"uuid": member.info.uuid, "endpoint": member.info.endpoint,

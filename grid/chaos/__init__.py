@@ -1,0 +1,1 @@
+"""Chaos testing: a workload under seeded faults, its recorded history and its verdict."""

@@ -1,0 +1,45 @@
+"""`shmgrid chaos` end to end (issue 13): a short run against the real grid passes, and the
+same run against a member that acknowledges writes before its backups have them (a debug
+switch) is caught."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from workers.member import ACK_EARLY_ENV
+
+pytestmark = pytest.mark.timeout(300)
+
+RUN = ["chaos", "--duration", "16s", "--seed", "3", "--clients", "2", "--keys", "200",
+       "--faults", "kill=1,master-kill=1,pause=1", "--fault-interval", "3s",
+       "--heartbeat-timeout", "2", "--json"]
+
+
+def test_a_short_run_against_the_grid_is_valid(tmp_path):
+    result = run_cli(*RUN, "--out", str(tmp_path), timeout=240)
+    report = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
+    assert report["valid"] and report["violations"] == 0, report["verdict"]
+    assert report["ok"] > 1000 and sum(report["faults_by_kind"].values()) >= 3, report
+    assert report["beyond_promise"] == 0
+    assert {p.name for p in tmp_path.iterdir()} >= {"history.jsonl", "faults.json",
+                                                     "report.json", "timeline.png"}
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert len(lines) == report["operations"]
+
+
+def test_a_grid_that_acknowledges_early_is_caught(tmp_path, monkeypatch):
+    monkeypatch.setenv(ACK_EARLY_ENV, "1")
+    result = run_cli(*RUN, "--out", str(tmp_path), timeout=240, check=False)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not report["valid"] and report["violations"] > 0
+    assert report["verdict"]["lost_writes"] or report["verdict"]["failures"]
+
+
+def test_bad_options_are_refused_with_a_reason(tmp_path):
+    result = run_cli("chaos", "--faults", "kill=1,explode=1", "--out", str(tmp_path),
+                     check=False)
+    assert result.returncode == 2 and "explode" in result.stderr

@@ -167,7 +167,8 @@ class MapService:
                                                              "state": cluster.state.value}
         return None
 
-    def _pid(self, value: Any) -> int:
+    def check_pid(self, value: Any) -> int:
+        """A partition id from a message, or ProtocolError."""
         if not isinstance(value, int) or not 0 <= value < self.config.partition_count:
             raise ProtocolError(f"partition id {value!r} is out of range")
         return value
@@ -276,7 +277,7 @@ class MapService:
 
     def _on_key_op(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         op = header["op"]
-        pid, ns = self._pid(header.get("pid")), self._ns(header)
+        pid, ns = self.check_pid(header.get("pid")), self._ns(header)
         if not self._owns(pid):
             self.member.reply_error(ident, header, p.WRONG_TARGET, f"not the owner of {pid}",
                                     rows=self._moved([pid]))
@@ -370,7 +371,7 @@ class MapService:
         the client sends those again, as it does partitions that moved."""
         served, wrong = [], []
         for pid in pids:
-            (served if self._servable(self._pid(pid), write) else wrong).append(pid)
+            (served if self._servable(self.check_pid(pid), write) else wrong).append(pid)
         return served, wrong
 
     def _grouped_items(self, header: dict[str, Any], frames: list[bytes],
@@ -387,7 +388,7 @@ class MapService:
             raise ProtocolError("batch counts do not match the payload")
         groups, at = {}, 0
         for pid, count in zip(pids, counts, strict=True):
-            groups[self._pid(pid)] = items[at:at + count * per_entry]
+            groups[self.check_pid(pid)] = items[at:at + count * per_entry]
             at += count * per_entry
         return groups
 
@@ -716,7 +717,7 @@ class MapService:
             if not isinstance(part, list) or len(part) != 7:
                 raise ProtocolError("a backup part is [pid, versions, count, table version, "
                                     "invocation id, want old value, target versions]")
-            self._pid(part[0])  # the vectors' entries are checked where they are applied
+            self.check_pid(part[0])  # the vectors' entries are checked where they are applied
             for vector in (part[1], part[6]):
                 if vector is not None and (not isinstance(vector, list)
                                            or len(vector) != REPLICA_VERSION_COUNT):
@@ -819,19 +820,18 @@ class MapService:
         or a dirty replica asks the owner for a replica sync. Returns what the operation
         returned, or NOT_APPLIED."""
         decision = self.versions.apply_backup(pid, ns, index, versions)
-        wanted = [ns] if decision.request_sync else []
+        requests = self.member.syncs.requests
+        if decision.request_sync:
+            if decision is BackupDecision.APPLY_DIRTY:
+                log.info("partition %d/%s missed a backup operation; marked dirty", pid, ns)
+            requests.want(pid, (ns,))
         if target_versions is not None:
             target = chunk[0].decode()
             if self.versions.apply_backup(pid, target, index, target_versions).request_sync:
-                wanted.append(target)
-        if wanted:
-            if decision is BackupDecision.APPLY_DIRTY:
-                log.info("partition %d/%s missed a backup operation; marked dirty", pid, ns)
-            self.member.syncs.requests.want(pid, wanted)
+                requests.want(pid, (target,))
         if not decision.apply:
             return NOT_APPLIED
         old = self._apply_backup(pid, ns, kind, chunk)
-        requests = self.member.syncs.requests
         if not replay and pid in requests.pending:  # a sync request is out: its window
             keys = chunk[0::2] if kind == PUT_KIND else chunk if kind == REMOVE_KIND else None
             requests.record(pid, WindowOp(

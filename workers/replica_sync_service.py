@@ -68,17 +68,16 @@ class ReplicaSyncService:
             if now >= self.next_versions:
                 self.next_versions = now + self.config.backup_sync_interval
                 self._send_versions()
-            versions = self.member.maps.versions
-            for pid, namespaces in self.requests.due(
-                    now, lambda pid, ns: self._known(versions, pid, ns)):
+            for pid, namespaces in self.requests.due(now, self._known):
                 self._request(pid, namespaces)
         for sid, (_, deadline, _) in list(self.lent.items()):
             if now >= deadline:
                 self._release(sid)
 
-    def _known(self, versions: Any, pid: int, ns: str) -> int:
+    def _known(self, pid: int, ns: str) -> int:
+        """This replica's version of a namespace, at its index (0 if it holds none)."""
         index = self.member.cluster.table.replica_index(pid, self.member.info.uuid)
-        return versions.get(pid, ns)[index - 1] if index > 0 else 0
+        return self.member.maps.versions.get(pid, ns)[index - 1] if index > 0 else 0
 
     def on_table_change(self, pids: list[int]) -> None:
         """A request for a partition whose owner or our index changed ends; a member that
@@ -123,7 +122,7 @@ class ReplicaSyncService:
         for part in parts:
             if not isinstance(part, list) or len(part) != 2 or not isinstance(part[1], dict):
                 raise ProtocolError("a replica versions part is [pid, {namespace: versions}]")
-            pid, vectors = self.member.maps._pid(part[0]), part[1]
+            pid, vectors = self.member.maps.check_pid(part[0]), part[1]
             index = table.replica_index(pid, me)
             if table.owner(pid) != sender or index <= 0:
                 continue  # our table disagrees: the table's next change decides
@@ -238,7 +237,7 @@ class ReplicaSyncService:
 
     def _on_sync(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         maps, store = self.member.maps, self.member.store
-        pid, sender = maps._pid(header.get("pid")), header.get("from")
+        pid, sender = maps.check_pid(header.get("pid")), header.get("from")
         namespaces, trees = header.get("nss"), header.get("trees")
         if not isinstance(namespaces, list) or not all(isinstance(n, str) and n
                                                        for n in namespaces) or \

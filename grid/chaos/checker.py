@@ -37,11 +37,14 @@ The window of a key that fails comes from its shortest failing prefix. Prefix k 
 as it stood when the k-th ok op, in completion order, completed: the ok ops completed by then
 are required, the ops invoked by then and not completed (ok ops still running, info ops) are
 optional, as they may already have taken effect. Every prefix of a linearizable history is
-linearizable, so a binary search finds the shortest failing one; its last ok op is the
-*culprit*. The window keeps, of that prefix: the ops overlapping the culprit in time (optional
-ones reach to +inf), the last ``WINDOW_BEFORE`` ok ops completed before the culprit was
-invoked, the last ok write or remove among those completed before it, and the latest write of
-the value the culprit returned (even a failed one: a refused write that took effect shows so).
+linearizable, so a binary search finds the shortest failing one (a prefix on which the search
+gives up counts as passing, so the window may then come later); its last ok op is the
+*culprit*. The window keeps, of that prefix: the ok ops overlapping the culprit in time, the
+last ``WINDOW_BEFORE`` ok ops completed before the culprit was invoked, the last ok write or
+remove completed before it; the optional ops invoked since the earliest of those (an optional
+op invoked earlier may have taken effect any time, but it would make long histories' windows
+long); and the latest write of the value the culprit returned (even a failed or old one: a
+refused write that took effect shows so).
 
 A *lost write* is an acknowledged write (an ok put, an ok put_if_absent that returned None, an
 ok replace that returned a value) that an ok get invoked after it completed does not return,
@@ -76,8 +79,9 @@ class _Call(NamedTuple):
 
 @dataclass
 class KeyResult:
-    """One key's verdict: ``ok`` None means the search gave up after ``max_steps``. When not
-    ok: the culprit and the window of its shortest failing prefix (module docstring)."""
+    """One key's verdict: ``ok`` None means the search gave up after ``max_steps``; ``steps``
+    are those of the search over the whole history. When not ok: the culprit and the window
+    of its shortest failing prefix (module docstring)."""
 
     ok: bool | None
     steps: int
@@ -186,19 +190,21 @@ def _prefix(live: list[Op], rank: list[int], acked: list[int], k: int) -> list[_
 
 def _window(ops: list[Op], live: list[Op], rank: list[int], k: int, culprit: Op) -> list[Op]:
     """The ops that show why prefix k fails (module docstring), in invoke order."""
-    keep: set[int] = set()
-    before: list[int] = []  # the ok ops completed before the culprit was invoked
+    overlapping, before, pending = [], [], []  # done ops by when they completed; the rest
     for i, op in enumerate(live):
         if op.invoke > culprit.complete:
             break
-        if rank[i] > k or op.complete >= culprit.invoke:
-            keep.add(i)
+        if rank[i] > k:
+            pending.append(i)
+        elif op.complete >= culprit.invoke:
+            overlapping.append(i)
         else:
             before.append(i)
     before.sort(key=rank.__getitem__)
-    keep.update(before[-WINDOW_BEFORE:])
     writes = [i for i in before if live[i].f != "get"]
-    keep.update(writes[-1:])
+    keep = {*overlapping, *before[-WINDOW_BEFORE:], *writes[-1:]}
+    since = min(live[i].invoke for i in keep)
+    keep.update(i for i in pending if live[i].invoke >= since)
     window = [live[i] for i in sorted(keep)]
     if culprit.observed and culprit.result is not None:
         sources = [op for op in ops if op.f != "get" and op.value == culprit.result

@@ -47,7 +47,7 @@ class Op:
 
     def __str__(self) -> str:
         arg = "" if self.value is None else f", {self.value}"
-        result = self.result if self.observed else "?"
+        result = self.result if self.observed and self.status == "ok" else "?"
         return (f"#{self.index} p{self.process} {self.f}({self.key}{arg}) -> {result} "
                 f"{self.status} [{self.invoke:.3f}, {self.complete:.3f}]")
 

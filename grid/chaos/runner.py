@@ -65,6 +65,9 @@ class FaultRecord:
     end: float
     within_promise: bool
     note: str = ""
+    # Partitions the member held a replica of when it was hit: writes to them wait for
+    # the promotion (owner) or the removal (backup). Empty: every partition (an added member).
+    affected: list[int] = field(default_factory=list)
 
 
 class ClusterControl:
@@ -106,6 +109,7 @@ class Runner:
         self.cluster = ClusterControl(options.cluster_name or f"chaos{uuid.uuid4().hex[:8]}")
         self.records: list[FaultRecord] = []
         self.t0 = 0.0
+        self.client: Any = None  # the runner's own: the table, the final reads
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -120,6 +124,10 @@ class Runner:
                              "--backup-count", str(self.o.backup_count),
                              "--heartbeat-timeout", str(self.o.heartbeat_timeout))
         try:
+            import grid
+
+            self.client = grid.connect(cluster_name=self.cluster.name,
+                                       invocation_timeout=self.o.invocation_timeout)
             schedule = plan_faults(self.o.seed, self.o.faults, self.o.fault_interval,
                                    self.o.duration, self.o.heartbeat_timeout)
             counters = multiprocess.Array("q", 3 * self.o.clients, lock=False)
@@ -140,6 +148,8 @@ class Runner:
             self.cluster.wait_safe(120)
             return self._finish()
         finally:
+            if self.client is not None:
+                self.client.close()
             if self.started_cluster:
                 self._resume_all()
                 self.cluster.cli("stop", check=False)
@@ -186,6 +196,7 @@ class Runner:
         if kind in DESTRUCTIVE and not self.cluster.wait_safe(self.o.fault_interval * 2):
             within = False  # another member may still be short of its backups
         members = self.cluster.members()
+        replicas = self.client.partition_replicas()
         status = self.cluster.status()
         master = next((m["name"] for m in status["members"] if m.get("master")), None)
         data = [m for m in members if not m.get("lite")]
@@ -211,8 +222,10 @@ class Runner:
             self.cluster.cli("stop-member", victim["name"], "--timeout", "120", check=False)
         else:
             self.cluster.cli("add-member", check=False)
+        affected = sorted(pid for pid, row in replicas.items()
+                          if victim is not None and victim["uuid"] in row)
         self.records.append(FaultRecord(kind, victim["name"] if victim else None, start,
-                                        time.monotonic() - self.t0, within, note))
+                                        time.monotonic() - self.t0, within, note, affected))
 
     def _heal(self) -> None:
         """Bring the data members back to ``members`` (faults take them away)."""
@@ -231,23 +244,19 @@ class Runner:
 
     def _final_reads(self, index: int) -> list[dict[str, Any]]:
         """Every key read once more, after the cluster settled: what survived."""
-        import grid
-
         ops = []
-        with grid.connect(cluster_name=self.cluster.name,
-                          invocation_timeout=self.o.invocation_timeout) as client:
-            m = client.get_map(MAP_NAME)
-            keys = [f"k{k}" for k in range(self.o.keys)]
-            for at in range(0, len(keys), 500):
-                batch = keys[at:at + 500]
-                invoke = time.monotonic()
-                got = m.get_all(batch)
-                complete = time.monotonic()
-                for key in batch:
-                    index += 1
-                    ops.append({"index": index, "process": -1, "f": "get", "key": key,
-                                "value": None, "result": decode(got.get(key)), "status": "ok",
-                                "invoke": invoke, "complete": complete, "observed": True})
+        m = self.client.get_map(MAP_NAME)
+        keys = [f"k{k}" for k in range(self.o.keys)]
+        for at in range(0, len(keys), 500):
+            batch = keys[at:at + 500]
+            invoke = time.monotonic()
+            got = m.get_all(batch)
+            complete = time.monotonic()
+            for key in batch:
+                index += 1
+                ops.append({"index": index, "process": -1, "f": "get", "key": key,
+                            "value": None, "result": decode(got.get(key)), "status": "ok",
+                            "invoke": invoke, "complete": complete, "observed": True})
         return ops
 
     def _finish(self) -> dict[str, Any]:
@@ -281,6 +290,7 @@ class Runner:
             len(verdict.failures) + len(verdict.lost_writes),
             "expected_losses": bool(beyond) and not verdict.valid,
             "valid": verdict.valid or bool(beyond), "check_seconds": check_s,
+            "t0": self.t0,  # the monotonic time the fault times count from
             "worst_unavailability": stalls}
         (self.out / "faults.json").write_text(json.dumps(report["faults"], indent=1))
         (self.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
@@ -289,19 +299,8 @@ class Runner:
         return report
 
     def _unavailability(self, ops: list[Any]) -> dict[str, float]:
-        """Per fault kind, the longest time after a fault in which no write completed ok
-        (writes to the affected partitions refused or blocked)."""
-        writes = sorted(op.complete - self.t0 for op in ops
-                        if op.status == "ok" and op.f != "get" and op.process >= 0)
-        worst: dict[str, float] = {}
-        for record in self.records:
-            following = [t for t in writes if t >= record.start]
-            gaps = [b - a for a, b in zip([record.start, *following], following,
-                                          strict=False)
-                    if a < record.end + self.o.fault_interval]
-            stall = max(gaps, default=0.0)
-            worst[record.kind] = max(worst.get(record.kind, 0.0), stall)
-        return worst
+        return worst_unavailability(ops, self.records, self.t0, self.o.fault_interval,
+                                    self.client.partition_id)
 
     def _plot(self, ops: list[Any]) -> None:
         try:
@@ -333,3 +332,23 @@ class Runner:
         fig.savefig(self.out / "timeline.png", dpi=100)
         plt.close(fig)
 
+
+def worst_unavailability(ops: list[Any], records: list[FaultRecord], t0: float,
+                         interval: float, partition_id: Any) -> dict[str, float]:
+    """Per fault kind, the longest a write to a partition the fault hit was blocked or
+    refused: the longest write (ok or indeterminate; the client retries retryable refusals
+    within its invocation timeout) to an affected partition invoked from the fault's start
+    until one interval after its end, or until the next fault if that comes first."""
+    writes = [(op.invoke - t0, op.complete - op.invoke, partition_id(op.key))
+              for op in ops if op.f != "get" and op.process >= 0 and op.status != "fail"]
+    faults = [r for r in records if "skipped" not in r.note]
+    worst: dict[str, float] = {}
+    for n, record in enumerate(faults):
+        hit = set(record.affected)
+        until = record.end + interval
+        if n + 1 < len(faults):
+            until = min(until, faults[n + 1].start)
+        stall = max((took for at, took, pid in writes
+                     if record.start <= at < until and (not hit or pid in hit)), default=0.0)
+        worst[record.kind] = max(worst.get(record.kind, 0.0), stall)
+    return worst

@@ -197,6 +197,13 @@ class Client:
         table = self._invoker.table
         return {pid: table.owner(pid) for pid in range(table.partition_count)}
 
+    def partition_replicas(self) -> dict[int, list[str | None]]:
+        """Partition id -> its replicas' member uuids (owner first, None for an empty
+        slot), from a freshly loaded table."""
+        self._invoker.refresh()
+        table = self._invoker.table
+        return {pid: list(table.replicas(pid)) for pid in range(table.partition_count)}
+
     def get_map(self, name: str) -> Map:
         if not isinstance(name, str) or not name:
             raise ValueError("a map name is a non-empty string")

@@ -24,6 +24,9 @@ def test_a_short_run_against_the_grid_is_valid(tmp_path):
     assert report["valid"] and report["violations"] == 0, report["verdict"]
     assert report["ok"] > 1000 and sum(report["faults_by_kind"].values()) >= 3, report
     assert report["beyond_promise"] == 0
+    # For each kind of fault, how long writes to the partitions it hit waited.
+    assert set(report["worst_unavailability"]) == set(report["faults_by_kind"])
+    assert all(0 <= s < 30 for s in report["worst_unavailability"].values()), report
     assert {p.name for p in tmp_path.iterdir()} >= {"history.jsonl", "faults.json",
                                                      "report.json", "timeline.png"}
     lines = (tmp_path / "history.jsonl").read_text().splitlines()

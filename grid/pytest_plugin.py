@@ -346,6 +346,17 @@ def _shmgrid_name_prefix(pytestconfig: pytest.Config) -> str:
     return prefix
 
 
+def _factory_lifetime(request: pytest.FixtureRequest, registry_dir: Path,
+                      prefix: str) -> Iterator[ClusterFactory]:
+    """A factory for the fixture's scope; every cluster it started stops with it."""
+    factory = _new_factory(request, registry_dir, prefix)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+        request.config.stash[_FACTORIES].remove(factory)
+
+
 @pytest.fixture
 def shmgrid_cluster_factory(request: pytest.FixtureRequest, shmgrid_registry_dir: Path,
                             _shmgrid_name_prefix: str) -> Iterator[ClusterFactory]:
@@ -357,12 +368,7 @@ def shmgrid_cluster_factory(request: pytest.FixtureRequest, shmgrid_registry_dir
     until the end of the run. This one is for a test (or a function-scoped fixture);
     ``shmgrid_session_cluster_factory`` for session-scoped fixtures.
     """
-    factory = _new_factory(request, shmgrid_registry_dir, _shmgrid_name_prefix)
-    try:
-        yield factory
-    finally:
-        factory.stop_all()
-        request.config.stash[_FACTORIES].remove(factory)
+    yield from _factory_lifetime(request, shmgrid_registry_dir, _shmgrid_name_prefix)
 
 
 @pytest.fixture(scope="session")
@@ -372,12 +378,7 @@ def shmgrid_session_cluster_factory(request: pytest.FixtureRequest, shmgrid_regi
     a session-scoped fixture of your own); they are stopped at the end of the session. A
     module- or class-scoped fixture can use it too and call ``cluster.stop()`` after its
     ``yield`` to stop the cluster earlier."""
-    factory = _new_factory(request, shmgrid_registry_dir, _shmgrid_name_prefix)
-    try:
-        yield factory
-    finally:
-        factory.stop_all()
-        request.config.stash[_FACTORIES].remove(factory)
+    yield from _factory_lifetime(request, shmgrid_registry_dir, _shmgrid_name_prefix)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from grid.config import SECRET_ENV, GridConfig
 from grid.errors import ClusterNotRunningError, GridError
 
 DETACH_WAIT_S = 60.0
+DASHBOARD_WAIT_S = 30.0
 WAIT_POLL_S = 0.2
 STOP_WAIT_S = 20.0
 
@@ -105,7 +107,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         _cleanup_orphans(data, config.cluster_name)
         path.unlink(missing_ok=True)
     if args.detach:
-        return _start_detached(config, path)
+        code = _start_detached(config, path)
+        if code == 0 and args.dashboard:
+            _start_dashboard(config.cluster_name, args.dashboard_port, path.with_suffix(".log"),
+                             detached=True)
+        return code
     from grid import supervisor
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -119,9 +125,36 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     _print_ready(read_registry(path), path)
+    dashboard = _start_dashboard(config.cluster_name, args.dashboard_port, None,
+                                 detached=False) if args.dashboard else None
     print("press Ctrl-C to stop", flush=True)
-    sup.serve()
+    try:
+        sup.serve()
+    finally:
+        if dashboard is not None:
+            dashboard.terminate()
     return 0
+
+
+def _start_dashboard(cluster_name: str, port: int, log_path: Path | None,
+                     detached: bool) -> subprocess.Popen | None:
+    """Start `shmgrid dashboard` for the cluster and print its URL (it ends when the
+    cluster stops); None, with the reason printed, if it did not come up."""
+    with open(log_path or os.devnull, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grid", "dashboard", "--cluster-name", cluster_name,
+             "--port", str(port)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=log_file if detached else None, start_new_session=detached)
+    ready, _, _ = select.select([proc.stdout], [], [], DASHBOARD_WAIT_S)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    proc.stdout.close()  # it prints its URL and nothing more
+    if not line.startswith("dashboard: "):
+        proc.kill()
+        print(f"error: the dashboard did not start: {line or 'no answer'}"
+              + (f"; see {log_path}" if log_path else ""), file=sys.stderr)
+        return None
+    print(line, flush=True)
+    return proc
 
 
 def _start_detached(config: GridConfig, path: Path) -> int:
@@ -238,39 +271,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cluster_summary(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """What every member reports of itself, and the cluster summary the master's row gives
-    (state, safety, migrations); raises GridError if the cluster does not answer."""
+    """The cluster summary and every member's report (grid/client/status.py); raises
+    GridError if the cluster does not answer."""
     import grid
+    from grid.client.status import member_rows, summarize
 
     with grid.connect(cluster_name=args.cluster_name, invocation_timeout=5.0) as client:
-        rows = []
-        for member in client.cluster.members:
-            status = client.cluster.member_status(member)
-            if status:
-                rows.append(status)
-            else:
-                rows.append({"name": member.name, "uuid": member.uuid, "pid": member.pid,
-                             "endpoint": member.endpoint, "unreachable": True})
-        cluster_name = client.cluster_name
-    master = next((r for r in rows if r.get("master")), rows[0] if rows else {})
-    summary = {"cluster": cluster_name, "state": master.get("state", "UNKNOWN"),
-               "safe": bool(master.get("safe")),
-               # Owned partitions with no synchronous backup: their writes rest on one member.
-               "unbacked": sum(r.get("unbacked") or 0 for r in rows),
-               "short_of_backups": master.get("short_of_backups") or 0,
-               # Replica sync (seed 004): backups that missed operations, syncs under way.
-               "dirty": sum(r.get("dirty") or 0 for r in rows),
-               "syncs_in_flight": sum(r.get("syncs_in_flight") or 0 for r in rows),
-               "migrations": master.get("migrations") or {}, "members": [
-                   {k: r.get(k) for k in ("name", "uuid", "pid", "endpoint", "master", "lite",
-                                          "owned", "backups", "unbacked", "backup_backlog",
-                                          "dirty", "syncs_in_flight", "syncs_waiting",
-                                          "synced", "sync_entries", "sent_entries",
-                                          "sent_bytes", "shm_bytes", "rss",
-                                          "persistence", "unreachable")
-                    if k in r}
-                   for r in rows]}
-    return summary, rows
+        rows = member_rows(client)
+        return summarize(client.cluster_name, rows), rows
 
 
 def _migration_line(migrations: dict[str, Any]) -> str:
@@ -668,6 +676,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "every persistence_fsync_interval (interval, the default), or never")
         sp.add_argument("--detach", action="store_true",
                         help="run in the background; stop with `shmgrid stop`")
+        sp.add_argument("--dashboard", action="store_true",
+                        help="also serve the live web view (`shmgrid dashboard`) and print "
+                        "its URL; it stops with the cluster")
+        sp.add_argument("--dashboard-port", type=int, default=0,
+                        help="its port (default: a free one)")
 
     sp = sub.add_parser("start", help="start a local cluster",
                         description="Start a supervisor that runs N member processes, wait "
@@ -795,7 +808,42 @@ def build_parser() -> argparse.ArgumentParser:
         "backup-count members down at once).")
     chaos_cli.add_arguments(sp)
     sp.set_defaults(func=chaos_cli.cmd_chaos)
+
+    sp = sub.add_parser(
+        "dashboard", help="a live web view of the cluster, with actions for chaos by hand",
+        description="Serve a page on 127.0.0.1 that shows, live: the members (role, process, "
+        "partitions, memory, ops/s), the partition table coloured by owner (migrating, short "
+        "of backups, lost), migrations, maps, and a timeline of joins, deaths, master and "
+        "state changes with the time to safe after each. Buttons kill, pause, resume, stop or "
+        "promote a member, add one, or change the cluster state, through this command's own "
+        "paths. The printed URL carries a random access token; requests without it are "
+        "refused. It stops with the cluster, or with Ctrl-C.")
+    common(sp)
+    sp.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on "
+                    "(default 127.0.0.1)")
+    sp.set_defaults(func=cmd_dashboard)
     return parser
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if _registry_data(args) is None:
+        return 1
+    try:
+        from grid.dashboard.server import serve
+    except ImportError as exc:
+        print(f"error: the dashboard needs aiohttp ({exc}): pip install shmgrid[dashboard]",
+              file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s dashboard %(levelname)s %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.cluster_name or GridConfig.load().cluster_name, args.host,
+                          args.port,
+                          ready=lambda url: print(f"dashboard: {url}", flush=True)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

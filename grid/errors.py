@@ -60,6 +60,19 @@ class IndeterminateOperationStateError(OperationTimeoutError):
         self.args = (f"{op} may or may not have been applied: {self.args[0]}",)
 
 
+class PartlyAppliedError(IndeterminateOperationStateError):
+    """A write refused by a member (the cluster state, say) after part of it was applied or
+    an earlier attempt may have been: a put_all whose other partitions were written, or a
+    put whose first attempt went unanswered. Not a clean refusal: read the keys to find out.
+    ``refusal`` is the member's error."""
+
+    def __init__(self, op: str, refusal: GridError) -> None:
+        GridError.__init__(self, f"{op} was refused ({refusal}) after part of it was applied "
+                           f"or an earlier attempt may have been; read the keys to find out")
+        self.op, self.seconds, self.partition_id, self.last_error = op, 0.0, None, refusal
+        self.refusal = refusal
+
+
 class ValueTooLargeError(GridError, ValueError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

@@ -37,6 +37,7 @@ log = logging.getLogger("shmgrid.cluster")
 JOIN_RETRY_S = 0.5
 JOIN_TIMEOUT_S = 30.0
 MIGRATION_RETRY_S = 1.0  # pause before planning again after a failed migration
+LEASE_ASK_S = 0.05  # at most this often, a member whose writes wait for its lease asks
 
 
 class ClusterService:
@@ -75,6 +76,7 @@ class ClusterService:
                                      margin_s=self.config.heartbeat_timeout * 0.05)
         self.heard_number: dict[str, int] = {}  # peer -> newest heartbeat number from it
         self.next_table_ask = 0.0
+        self.next_lease_ask = 0.0
         self.next_catch_up: dict[str, float] = {}
         self.master_heard = self.member.now()
         self.last_tick = self.master_heard
@@ -176,6 +178,18 @@ class ClusterService:
         self.next_table_ask = now + self.config.heartbeat_interval
         self._heartbeat_to(master.uuid)
 
+    def ask_for_lease(self) -> None:
+        """A write rests on our lease alone and the lease lapsed (after a master change it
+        rests on a master that has not echoed us yet): heartbeat the peers it rests on now,
+        asking them to answer at once, instead of waiting up to two heartbeat intervals.
+        Early heartbeats only renew the lease sooner; what it is worth stays the same."""
+        now = self.member.now()
+        if not self.joined or self.recovering or now < self.next_lease_ask:
+            return
+        self.next_lease_ask = now + LEASE_ASK_S
+        for uuid in self._heartbeat_targets():
+            self._heartbeat_to(uuid, want_echo=True)
+
     def migration_status(self) -> dict[str, Any]:
         """The master's migrations: whether a plan runs, and what the latest plan did."""
         stats = self.driver.stats
@@ -184,7 +198,9 @@ class ClusterService:
                 "running": len(self.driver.running),
                 "remaining": max(0, stats.planned - stats.completed) if self.driver.active
                 else 0,
-                "leaving": len(self.leaving), "lost_partitions": self.lost_partitions}
+                "leaving": len(self.leaving), "lost_partitions": self.lost_partitions,
+                "in_flight": sorted(run.migration.partition_id
+                                    for run in self.driver.running.values())}
 
     def replica_counts(self) -> tuple[int, int]:
         counts = self.table.replica_counts(self.me)
@@ -216,6 +232,9 @@ class ClusterService:
         ``saved`` is what a restart restores (the state itself unless it is stopping)."""
         if version > self.state_version:
             log.info("cluster state %s -> %s", self.state, state)
+            if self.is_master:
+                self.events.add({"type": "state_changed", "from": self.state.value,
+                                 "to": state.value, "at": self.member.now()})
             if state.rejoin_allowed and not self.state.rejoin_allowed:
                 self.stable_table = self.table.copy()
             elif not state.rejoin_allowed:
@@ -303,6 +322,8 @@ class ClusterService:
             self._run_commands(self.driver.members_changed(self.table, set(),
                                                            self.member.now()))
             self.plan_wanted = True
+            self.events.add({"type": "member_joined", "member": info.name, "lite": info.lite,
+                             "at": self.member.now()})
             log.info("member %s joined (%d members)", info.name, len(self.members))
         self.member.reply_ok(ident, header, **self.view_fields())
 
@@ -440,6 +461,8 @@ class ClusterService:
                 self.heard_number[sender] = number
             self.lease.echoed(sender, header.get("echo"))
             self.member.maps.on_lease_renewed()
+            if header.get("want_echo"):
+                self._heartbeat_to(sender)  # its lease waits for our echo of that number
         if sender == getattr(self.members.master, "uuid", None):
             self.master_heard = now
             self.suspected.discard(sender)
@@ -785,6 +808,10 @@ class ClusterService:
         self.dead |= uuids
         names = [self.members.get(u).name for u in uuids]
         members = self.members.without(uuids)
+        promoted = sum(1 for pid in range(self.table.partition_count)
+                       if self.table.owner(pid) in uuids)
+        self.events.add({"type": "member_removed", "members": sorted(names), "reason": reason,
+                         "promoted": promoted, "at": self.member.now()})
         self._report_lost(uuids, self.table)
         table = remove_members(self.table, uuids, members.data_members,
                                self.config.backup_count)
@@ -909,6 +936,10 @@ class ClusterService:
             if not header.get("ok"):
                 if header.get("master_alive"):
                     self.recovery_refused.add(uuid)
+                    # Usually it has not yet heard of the death we heard of (the supervisor
+                    # tells every member at once): ask again at the next tick, not after a
+                    # whole heartbeat interval.
+                    self.next_fetch = 0.0
                 return
             self.recovery_refused.discard(uuid)
             try:
@@ -934,6 +965,9 @@ class ClusterService:
             members = members.with_version(version + 1)
         table = collected_table(self.table, self.recovery_tables,
                                 [*self.recovery_active, *self.member.migrations.active()])
+        self.events.add({"type": "master_changed", "master": self.member.name,
+                         "gone": sorted(self.members.get(u).name for u in gone),
+                         "at": self.member.now()})
         self._report_lost(gone, table)
         table = remove_members(table, gone, members.data_members, self.config.backup_count)
         # A state change that some member committed was decided (every member had locked
@@ -1013,16 +1047,18 @@ class ClusterService:
                             master.name, timeout)
                 self.suspected.add(master.uuid)
 
-    def _send_heartbeats(self) -> None:
+    def _heartbeat_targets(self) -> list[str]:
+        """A master heartbeats every member, a follower only its master."""
         if self.is_master:
-            targets = [u for u in self.members.uuids if u != self.me]
-        else:
-            master = self.members.master
-            targets = [master.uuid] if master and master.uuid != self.me else []
-        for uuid in targets:
+            return [u for u in self.members.uuids if u != self.me]
+        master = self.members.master
+        return [master.uuid] if master and master.uuid != self.me else []
+
+    def _send_heartbeats(self) -> None:
+        for uuid in self._heartbeat_targets():
             self._heartbeat_to(uuid)
 
-    def _heartbeat_to(self, uuid: str) -> None:
+    def _heartbeat_to(self, uuid: str, want_echo: bool = False) -> None:
         """One heartbeat: our view (a master answers a differing one with its own), our
         heartbeat number, and the newest number we heard from the peer (its lease)."""
         header = p.request(p.HEARTBEAT, 0, self.config.cluster_name, **{
@@ -1030,5 +1066,5 @@ class ClusterService:
             "mv": self.members.version, "stamp": self.table.stamp(), "sv": self.state_version,
             "endpoint": self.member.info.endpoint,
             "n": self.lease.next_heartbeat(self.member.now()),
-            "echo": self.heard_number.get(uuid)})
+            "echo": self.heard_number.get(uuid), "want_echo": want_echo})
         self.member.send_peer(uuid, [header])

@@ -117,6 +117,7 @@ class MapService:
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
         self.lease_waiting: list[Ticket] = []
+        self.requests = 0  # client map operations served (status: the dashboard's ops/s)
         self.durable_waiting: deque[Ticket] = deque()  # persistence_fsync = always
         self.owned: set[int] = set()  # partitions this member owns in its table
         # Partitions this member loaded from its files and holds no replica of (yet): in a
@@ -147,6 +148,7 @@ class MapService:
         write = op in p.WRITE_OPS
 
         def checked(ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+            self.requests += 1
             refusal = self._refusal(op, write)
             if refusal:
                 self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
@@ -247,6 +249,7 @@ class MapService:
                 ticket.needs_lease = False
             elif ticket not in self.lease_waiting:
                 self.lease_waiting.append(ticket)
+                self.member.cluster.ask_for_lease()
         if ticket.ready:
             self._release(ticket.slots)
 
@@ -690,6 +693,8 @@ class MapService:
             for op in ops:
                 self._send_backup(uuid, op)
         self.on_lease_renewed()
+        if self.lease_waiting:
+            self.member.cluster.ask_for_lease()  # the last ask may have gone to a dead master
         self.records.expire(now)
 
     def on_lease_renewed(self) -> None:
@@ -698,6 +703,14 @@ class MapService:
             waiting, self.lease_waiting = self.lease_waiting, []
             for ticket in waiting:
                 self._settle(ticket)
+
+    def owned_sizes(self) -> dict[str, int]:
+        """Entries per map in the partitions this member owns (the dashboard's map sizes)."""
+        sizes: dict[str, int] = {}
+        for pid in self.owned:
+            for ns in self.store.namespaces(pid):
+                sizes[ns] = sizes.get(ns, 0) + self.store.size(pid, ns)
+        return sizes
 
     def unbacked_partitions(self) -> int:
         """Owned partitions that have no synchronous backup: writes to them rest on this

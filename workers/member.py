@@ -210,6 +210,7 @@ class Member(Node):
             **self.syncs.status(),
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name,
+            requests=self.maps.requests, maps=self.maps.owned_sizes(),
             persistence=self.journal.stats() if self.journal is not None else None)
 
     def _on_shutdown(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:

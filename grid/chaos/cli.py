@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from grid.chaos.faults import FAULT_KINDS, parse_seconds, parse_weights
+from grid.chaos.faults import FAULT_KINDS, HELD_STATES, parse_seconds, parse_weights
 from grid.chaos.runner import ChaosOptions, Runner
 from grid.chaos.workload import OPS
+from grid.errors import GridError
 
 DEFAULTS = ChaosOptions()
 
@@ -31,16 +32,18 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     default=",".join(f"{k}={v}" for k, v in DEFAULTS.faults.items()),
                     help=f"fault weights, of {', '.join(FAULT_KINDS)}; kill and master-kill "
                     "are SIGKILL, pause is SIGSTOP for a random time on either side of the "
-                    "heartbeat timeout, stop-member a graceful leave (default %(default)s)")
+                    "heartbeat timeout, stop-member a graceful leave, state-change holds "
+                    f"one of {', '.join(HELD_STATES)} as long and goes back "
+                    "(default %(default)s)")
     sp.add_argument("--fault-interval", default=f"{DEFAULTS.fault_interval:g}s",
                     help="seconds between faults (default 5s)")
     sp.add_argument("--members", type=int, default=DEFAULTS.members,
                     help="data members of the cluster it starts, kept at this count after "
-                    "faults (default 4)")
+                    "faults (default 4; attached: the cluster's)")
     sp.add_argument("--backup-count", type=int, default=DEFAULTS.backup_count,
-                    help="synchronous backups (default 1)")
+                    help="synchronous backups (default 1; attached: the cluster's)")
     sp.add_argument("--heartbeat-timeout", type=float, default=DEFAULTS.heartbeat_timeout,
-                    help="of the cluster it starts (default 4)")
+                    help="of the cluster it starts (default 4; attached: the cluster's)")
     sp.add_argument("--out", default=DEFAULTS.out,
                     help="folder for history.jsonl, faults.json, report.json and "
                     "timeline.png (default %(default)s)")
@@ -62,7 +65,11 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    report = Runner(options_from(args)).run()
+    try:
+        report = Runner(options_from(args)).run()
+    except GridError as exc:  # no such cluster, say
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "summary"}, indent=1,
                          default=str))
@@ -77,13 +84,26 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         for kind, count in sorted(report["faults_by_kind"].items()):
             table.add_row(kind, str(count),
                           f"{report['worst_unavailability'].get(kind, 0.0):.2f} s")
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        latency = report["latency"]
+        if "missing" in latency:
+            print(latency["missing"])
+        else:
+            lat = Table(title="latency of successful operations, ms")
+            for col in ("operation", "count", "p50", "p99", "p99.9", "max"):
+                lat.add_column(col, justify="left" if col == "operation" else "right")
+            for f, row in latency.items():
+                lat.add_row(f, f"{row['count']:,}", *(f"{row[k]:.2f}" for k in (
+                    "p50_ms", "p99_ms", "p999_ms", "max_ms")))
+            console.print(lat)
         print(report["summary"])
         print(f"checked in {report['check_seconds']:.1f} s; history and report in "
               f"{args.out}")
-        if report["expected_losses"]:
-            print(f"{report['beyond_promise']} faults went beyond the promise (more members "
-                  f"down than backups): the anomalies above are expected")
+        if report["expected_anomalies"]:
+            print(f"{report['expected_anomalies']} anomalies are on partitions that "
+                  f"{report['beyond_promise']} faults beyond the promise (more members down "
+                  f"than backups) hit: expected; {report['violations']} are violations")
     if report["valid"]:
         print("verdict: VALID")
         return 0

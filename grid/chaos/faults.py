@@ -1,26 +1,51 @@
-"""The fault schedule of a chaos run: what happens when, from the seed alone.
+"""The faults of a chaos run: the schedule, from the seed alone, and the record of each
+fault as it was injected.
 
 ``plan_faults`` is pure: the same seed, weights, interval and duration give the same list of
 faults, each with the random draws it needs (which member, by rank among the candidates at
-that moment; how long a pause lasts). The runner picks the member when the fault comes, from
-the members alive then, so a run is reproducible as far as the cluster behaves the same.
+that moment, or which cluster state; how long a pause or a state lasts). The runner picks the
+member when the fault comes, from the members alive then, so a run is reproducible as far as
+the cluster behaves the same.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-FAULT_KINDS = ("kill", "pause", "master-kill", "stop-member", "add-member")
+FAULT_KINDS = ("kill", "pause", "master-kill", "stop-member", "add-member", "state-change")
 DESTRUCTIVE = frozenset({"kill", "pause", "master-kill", "stop-member"})
+# What a state-change fault holds for a while before it goes back to ACTIVE.
+HELD_STATES = ("NO_MIGRATION", "FROZEN", "PASSIVE", "STABLE_CLUSTER")
 
 
 @dataclass(frozen=True)
 class PlannedFault:
     at: float  # seconds after the run started
     kind: str
-    pick: float  # in [0, 1): which candidate member, by rank
-    pause_s: float  # for a pause: how long the member stays stopped
+    pick: float  # in [0, 1): which candidate member, by rank, or which of HELD_STATES
+    pause_s: float  # how long a paused member stays stopped, or a state is held
+
+
+@dataclass
+class FaultRecord:
+    """A fault as it was injected: ``start`` and ``end`` in seconds after the run started."""
+
+    kind: str
+    member: str | None
+    start: float
+    end: float
+    within_promise: bool
+    note: str = ""
+    # Partitions the member held a replica of when it was hit: writes to them wait for
+    # the promotion (owner) or the removal (backup). Empty: every partition (an added
+    # member, a cluster state).
+    affected: list[int] = field(default_factory=list)
+    write_stall: float = 0.0  # grid/chaos/analysis.py write_stalls
+
+    @property
+    def skipped(self) -> bool:
+        return self.note.startswith("skipped")
 
 
 def parse_weights(text: str, known: tuple[str, ...], what: str) -> dict[str, int]:
@@ -57,7 +82,7 @@ def plan_faults(seed: int, weights: dict[str, int], interval: float, duration: f
     """One fault every ``interval`` seconds (the first after one interval, none in the last
     interval, so that the cluster settles before the end). A pause lasts a random time on
     either side of the heartbeat timeout: shorter, the member is only slow; longer, it is
-    removed and fenced."""
+    removed and fenced. A state change holds its state as long."""
     rng = random.Random(seed)
     kinds = [k for k in FAULT_KINDS if weights.get(k)]
     if not kinds:

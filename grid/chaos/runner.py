@@ -6,9 +6,15 @@ processes (grid/chaos/workload.py), and every ``fault_interval`` injects the nex
 seeded schedule (grid/chaos/faults.py). A destructive fault waits until the cluster is safe
 again (every partition has its backups): then at most ``backup_count`` members are ever down
 at once, the failures the grid promises to survive. A fault that could not wait (the cluster
-stayed unsafe) is injected anyway and marked beyond the promise; losses in such a run are
-reported as expected and counted apart. After the last fault the cluster settles, every key
-is read once more, and the history is checked.
+stayed unsafe) is injected anyway and marked beyond the promise; anomalies on the partitions
+it hit are reported as expected and counted apart (grid/chaos/analysis.py). A state change
+holds a cluster state for a while, then goes back. After the last fault the cluster settles,
+every key is read once more, and the history is checked.
+
+Attached to a running cluster (``cluster_name``), the runner takes the member count, backup
+count and heartbeat timeout from it, and leaves it running. The cluster must be ACTIVE: in any
+other state lost backups are not made again, so after the first kill no fault would be within
+the promise.
 
 Writes ``history.jsonl``, ``faults.json``, ``report.json`` (and ``timeline.png`` when
 matplotlib is installed: ``pip install shmgrid[chaos]``) to ``out``; the exit status is 1 on a
@@ -26,11 +32,11 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from grid.chaos.faults import DESTRUCTIVE, PlannedFault, plan_faults
+from grid.chaos.faults import DESTRUCTIVE, HELD_STATES, FaultRecord, PlannedFault, plan_faults
 from grid.chaos.workload import MAP_NAME, decode, run_worker
 
 SETTLE_S = 5.0  # after the last fault: time for migrations before the final reads
@@ -46,7 +52,8 @@ class ChaosOptions:
     mix: dict[str, int] = field(default_factory=lambda: {
         "get": 50, "put": 30, "put_if_absent": 5, "replace": 5, "remove": 5, "put_all": 5})
     faults: dict[str, int] = field(default_factory=lambda: {
-        "kill": 1, "pause": 1, "master-kill": 1, "stop-member": 1, "add-member": 1})
+        "kill": 1, "pause": 1, "master-kill": 1, "stop-member": 1, "add-member": 1,
+        "state-change": 1})
     fault_interval: float = 5.0
     members: int = 4
     backup_count: int = 1
@@ -55,19 +62,6 @@ class ChaosOptions:
     cluster_name: str | None = None  # attach to this running cluster
     out: str = "chaos-out"
     live: bool = True
-
-
-@dataclass
-class FaultRecord:
-    kind: str
-    member: str | None
-    start: float  # seconds after the run started
-    end: float
-    within_promise: bool
-    note: str = ""
-    # Partitions the member held a replica of when it was hit: writes to them wait for
-    # the promotion (owner) or the removal (backup). Empty: every partition (an added member).
-    affected: list[int] = field(default_factory=list)
 
 
 class ClusterControl:
@@ -86,10 +80,13 @@ class ClusterControl:
     def status(self) -> dict[str, Any]:
         return json.loads(self.cli("status", "--json", timeout=30))
 
-    def members(self) -> list[dict[str, Any]]:
+    def registry(self) -> dict[str, Any]:
         from grid.client.registry import read_registry, registry_path
 
-        return list(read_registry(registry_path(self.name))["members"])
+        return read_registry(registry_path(self.name))
+
+    def members(self) -> list[dict[str, Any]]:
+        return list(self.registry()["members"])
 
     def signal(self, member: dict[str, Any], sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -123,6 +120,8 @@ class Runner:
             self.cluster.cli("start", "--detach", "--members", str(self.o.members),
                              "--backup-count", str(self.o.backup_count),
                              "--heartbeat-timeout", str(self.o.heartbeat_timeout))
+        else:
+            self._adopt()
         try:
             import grid
 
@@ -153,6 +152,20 @@ class Runner:
             if self.started_cluster:
                 self._resume_all()
                 self.cluster.cli("stop", check=False)
+
+    def _adopt(self) -> None:
+        """Attached: the options that describe the cluster are the cluster's own."""
+        registry = self.cluster.registry()  # ClusterNotRunningError if there is none
+        state = self.cluster.status()["state"]
+        if state != "ACTIVE":
+            raise ValueError(f"cluster {self.cluster.name} is {state}: a chaos run needs "
+                             f"ACTIVE, where lost backups are made again (`shmgrid state "
+                             f"ACTIVE --cluster-name {self.cluster.name}`)")
+        config = registry.get("config") or {}
+        self.o = replace(
+            self.o, members=sum(1 for m in registry["members"] if not m.get("lite")),
+            backup_count=int(config.get("backup_count", self.o.backup_count)),
+            heartbeat_timeout=float(config.get("heartbeat_timeout", self.o.heartbeat_timeout)))
 
     def _inject(self, schedule: list[PlannedFault], stop_at: float, counters: Any) -> None:
         from rich.live import Live
@@ -195,6 +208,8 @@ class Runner:
         within = True
         if kind in DESTRUCTIVE and not self.cluster.wait_safe(self.o.fault_interval * 2):
             within = False  # another member may still be short of its backups
+        elif kind == "state-change":
+            self.cluster.wait_safe(self.o.fault_interval * 2)  # refused while migrations run
         members = self.cluster.members()
         replicas = self.client.partition_replicas()
         status = self.cluster.status()
@@ -208,7 +223,7 @@ class Runner:
         elif kind in ("kill", "pause", "stop-member"):
             others = sorted((m for m in data if m["name"] != master), key=lambda m: m["name"])
             victim = others[int(planned.pick * len(others))] if others else None
-        if kind != "add-member" and (victim is None or len(data) < 2):
+        if kind not in ("add-member", "state-change") and (victim is None or len(data) < 2):
             note = "skipped: no member to take"
         elif kind in ("kill", "master-kill"):
             self.cluster.signal(victim, signal.SIGKILL)
@@ -220,12 +235,32 @@ class Runner:
                    f"{self.o.heartbeat_timeout:g} s)"
         elif kind == "stop-member":
             self.cluster.cli("stop-member", victim["name"], "--timeout", "120", check=False)
+        elif kind == "state-change":
+            note = self._hold_state(HELD_STATES[int(planned.pick * len(HELD_STATES))],
+                                    planned.pause_s)
         else:
             self.cluster.cli("add-member", check=False)
         affected = sorted(pid for pid, row in replicas.items()
                           if victim is not None and victim["uuid"] in row)
         self.records.append(FaultRecord(kind, victim["name"] if victim else None, start,
                                         time.monotonic() - self.t0, within, note, affected))
+
+    def _hold_state(self, state: str, seconds: float) -> str:
+        """Change the cluster to ``state``, hold it ``seconds``, change it back."""
+        try:
+            self.cluster.cli("state", state)
+        except RuntimeError as exc:
+            return f"skipped: {exc}"
+        time.sleep(seconds)
+        for _ in range(10):  # the way back must succeed, or the rest of the run is not chaos
+            try:
+                self.cluster.cli("state", "ACTIVE")
+                break
+            except RuntimeError:
+                self.cluster.wait_safe(self.o.fault_interval)
+        else:
+            raise RuntimeError(f"the cluster did not go back to ACTIVE from {state}")
+        return f"{state} for {seconds:.1f} s"
 
     def _heal(self) -> None:
         """Bring the data members back to ``members`` (faults take them away)."""
@@ -260,6 +295,7 @@ class Runner:
         return ops
 
     def _finish(self) -> dict[str, Any]:
+        from grid.chaos import analysis
         from grid.chaos.checker import check
         from grid.chaos.history import Op, write_jsonl
 
@@ -275,32 +311,47 @@ class Runner:
         started = time.monotonic()
         verdict = check(ops)
         check_s = time.monotonic() - started
-        beyond = [r for r in self.records if not r.within_promise]
-        stalls = self._unavailability(ops)
+        pid_of = self.client.partition_id
+        violations, expected = analysis.split_by_promise(
+            analysis.anomalies(verdict), self.records, self.t0, pid_of)
+        for record, stall in zip(self.records, analysis.write_stalls(
+                ops, self.records, self.t0, self.o.fault_interval, pid_of), strict=True):
+            record.write_stall = stall
+        done = [r for r in self.records if not r.skipped]
+        worst: dict[str, float] = {}
+        for record in done:
+            worst[record.kind] = max(worst.get(record.kind, 0.0), record.write_stall)
         report = {
             "seed": self.o.seed, "duration": self.o.duration, "options": asdict(self.o),
             "operations": len(ops), "ok": sum(op.status == "ok" for op in ops),
             "refused": sum(op.status == "fail" for op in ops),
             "indeterminate": sum(op.status == "info" for op in ops),
             "faults": [asdict(r) for r in self.records],
-            "faults_by_kind": dict(Counter(r.kind for r in self.records
-                                           if "skipped" not in r.note)),
-            "beyond_promise": len(beyond), "verdict": verdict.to_json(),
-            "violations": 0 if verdict.valid else
-            len(verdict.failures) + len(verdict.lost_writes),
-            "expected_losses": bool(beyond) and not verdict.valid,
-            "valid": verdict.valid or bool(beyond), "check_seconds": check_s,
+            "faults_by_kind": dict(Counter(r.kind for r in done)),
+            "beyond_promise": sum(not r.within_promise for r in done),
+            "verdict": verdict.to_json(),
+            "violations": len(violations),
+            "expected_anomalies": len(expected),
+            "anomalies": {"violations": [a.to_json() for a in violations],
+                          "expected": [a.to_json() for a in expected]},
+            "valid": not violations, "check_seconds": check_s,
             "t0": self.t0,  # the monotonic time the fault times count from
-            "worst_unavailability": stalls}
+            "worst_unavailability": worst,
+            "latency": self._latency(ops)}
         (self.out / "faults.json").write_text(json.dumps(report["faults"], indent=1))
         (self.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
         self._plot(ops)
         report["summary"] = verdict.summary()
         return report
 
-    def _unavailability(self, ops: list[Any]) -> dict[str, float]:
-        return worst_unavailability(ops, self.records, self.t0, self.o.fault_interval,
-                                    self.client.partition_id)
+    @staticmethod
+    def _latency(ops: list[Any]) -> dict[str, Any]:
+        try:
+            from grid.chaos.analysis import latency_percentiles
+
+            return latency_percentiles(ops)
+        except ImportError:
+            return {"missing": "latencies need hdrhistogram: pip install shmgrid[chaos]"}
 
     def _plot(self, ops: list[Any]) -> None:
         try:
@@ -308,47 +359,23 @@ class Runner:
 
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
+
+            from grid.chaos.analysis import per_second
         except ImportError:
             return
-        seconds = int(self.o.duration) + 1
-        rate = [0] * seconds
-        latency: list[list[float]] = [[] for _ in range(seconds)]
-        for op in ops:
-            second = int(op.invoke - self.t0)
-            if op.status == "ok" and 0 <= second < seconds and op.process >= 0:
-                rate[second] += 1
-                latency[second].append((op.complete - op.invoke) * 1000)
-        p99 = [sorted(ls)[int(0.99 * (len(ls) - 1))] if ls else 0 for ls in latency]
+        rate, p50, p99 = per_second(ops, self.t0, int(self.o.duration) + 1)
         fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
         top.plot(rate)
         top.set_ylabel("ops/s ok")
-        bottom.plot(p99)
-        bottom.set_ylabel("p99 latency, ms")
+        bottom.plot(p50, label="p50")
+        bottom.plot(p99, label="p99")
+        bottom.set_yscale("log")
+        bottom.set_ylabel("latency, ms")
         bottom.set_xlabel("seconds")
+        bottom.legend(loc="upper right")
         for record in self.records:
             for axis in (top, bottom):
                 axis.axvline(record.start, color="red", alpha=0.4)
             top.annotate(record.kind, (record.start, max(rate) or 1), fontsize=7, rotation=90)
         fig.savefig(self.out / "timeline.png", dpi=100)
         plt.close(fig)
-
-
-def worst_unavailability(ops: list[Any], records: list[FaultRecord], t0: float,
-                         interval: float, partition_id: Any) -> dict[str, float]:
-    """Per fault kind, the longest a write to a partition the fault hit was blocked or
-    refused: the longest write (ok or indeterminate; the client retries retryable refusals
-    within its invocation timeout) to an affected partition invoked from the fault's start
-    until one interval after its end, or until the next fault if that comes first."""
-    writes = [(op.invoke - t0, op.complete - op.invoke, partition_id(op.key))
-              for op in ops if op.f != "get" and op.process >= 0 and op.status != "fail"]
-    faults = [r for r in records if "skipped" not in r.note]
-    worst: dict[str, float] = {}
-    for n, record in enumerate(faults):
-        hit = set(record.affected)
-        until = record.end + interval
-        if n + 1 < len(faults):
-            until = min(until, faults[n + 1].start)
-        stall = max((took for at, took, pid in writes
-                     if record.start <= at < until and (not hit or pid in hit)), default=0.0)
-        worst[record.kind] = max(worst.get(record.kind, 0.0), stall)
-    return worst

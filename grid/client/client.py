@@ -152,6 +152,29 @@ class ClusterView:
         reply = self._invoker.call(member.endpoint, p.STATUS, timeout=timeout)
         return reply[0] if reply and reply[0].get("ok") else None
 
+    def members_status(self, timeout: float = 2.0) -> list[tuple[MemberInfo, dict | None]]:
+        """``member_status`` of every member, asked all at once: a hung member costs one
+        ``timeout``, not one each."""
+        members = list(self.members)
+        replies = self._invoker.exchange([(m.endpoint, p.STATUS, {}, []) for m in members],
+                                         timeout)
+        return [(m, r[0] if r and r[0].get("ok") else None)
+                for m, r in zip(members, replies, strict=True)]
+
+    def events_since(self, since: int, timeout: float = 2.0
+                     ) -> tuple[str | None, list[dict[str, Any]], int]:
+        """The master's events numbered ``since`` and later (grid/client/events.py says
+        which), the master's uuid (its numbers are its own: a new master starts at 1), and
+        the number to ask for next; (None, [], since) if the master does not answer."""
+        master = self.master
+        reply = self._invoker.call(master.endpoint, p.EVENTS, {"since": since},
+                                   timeout=timeout) if master else None
+        if reply is None or not reply[0].get("ok"):
+            return None, [], since
+        header = reply[0]
+        return (header.get("master"), [e for _, e in header.get("events") or []],
+                header.get("next", since))
+
     def is_safe(self) -> bool:
         """Every partition has its configured replicas and nothing is migrating."""
         self._invoker.refresh(prefer_master=False)

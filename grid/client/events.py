@@ -11,6 +11,12 @@ logged and keeps being called. Events, each a dict with a ``type``:
 - ``migration_finished``: the plan ended: ``planned``, ``completed``, ``failed``;
 - ``partition_lost``: ``partition_id`` lost all ``lost_replicas`` replicas; it is empty now.
 
+The log also holds what the dashboard's timeline shows (no listener of this module hears
+them): ``member_joined`` (``member``, ``lite``), ``member_removed`` (``members``, ``reason``,
+``promoted``: partitions whose owner they were), ``master_changed`` (the new ``master``, the
+``gone``), ``state_changed`` (``from``, ``to``); each with ``at``, the master's
+time.monotonic() when it happened (one clock for every process of the host).
+
 A new master keeps a log of its own: listeners then hear its events from its first one.
 """
 

@@ -29,6 +29,7 @@ from grid.errors import (
     MemberLeftError,
     NotReadyError,
     OperationTimeoutError,
+    PartlyAppliedError,
     ProtocolError,
 )
 from grid.partition.table import PartitionTable, PartitionTableError
@@ -37,7 +38,7 @@ BACKOFF_S_MIN = 0.01
 BACKOFF_S_MAX = 0.5
 REFRESH_TIMEOUT_S = 1.0
 SILENT_S = 5.0
-LIVENESS_CHECK_S = 0.2
+LIVENESS_CHECK_S = 0.05
 
 Reply = tuple[dict[str, Any], list[bytes]]
 # A partition request: its pids' part of one message, and what to do with the reply.
@@ -61,6 +62,7 @@ class Invoker:
         self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
         self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
+        self.dead_pids: set[int] = set()  # member processes seen gone: asked no more
         self.closed = False
         # Invocation ids of mutating calls: unique per client, the same on every resend, so
         # that a member answers a resend with the first outcome instead of applying it twice.
@@ -95,17 +97,19 @@ class Invoker:
         with self.lock:
             if self.closed:
                 raise GridError("the client is closed")
-            rids = []
+            rids, wanted = [], {}
             for endpoint, op, fields, frames in requests:
                 rid = next(self.ids)
                 rids.append(rid)
+                if self.pids.get(endpoint) in self.dead_pids:
+                    continue  # its reply would never come: None at once
+                wanted[rid] = endpoint
                 header = p.request(op, rid, self.cluster_name, **fields)
                 self._socket(endpoint).send_multipart([header, *frames])
             results: dict[int, Reply] = {}
-            wanted = {rid: ep for rid, (ep, *_rest) in zip(rids, requests, strict=True)}
             deadline = time.monotonic() + timeout
             polled = [(self.sockets[ep], zmq.POLLIN) for ep in set(wanted.values())]
-            while len(results) < len(rids):
+            while len(results) < len(wanted):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -120,9 +124,13 @@ class Invoker:
 
     def _gone(self, wanted: dict[int, str], results: dict[int, Reply]) -> bool:
         """Whether a member we still wait for is a local process that no longer exists (so
-        its reply will never come: no need to wait out the attempt timeout)."""
+        its reply will never come: no need to wait out the attempt timeout). Such a process
+        is remembered, so that retries until the table names a new owner do not wait again."""
         pending = {ep for rid, ep in wanted.items() if rid not in results}
-        return any(not pid_alive(self.pids[ep]) for ep in pending if ep in self.pids)
+        gone = {self.pids[ep] for ep in pending
+                if ep in self.pids and not pid_alive(self.pids[ep])}
+        self.dead_pids |= gone
+        return bool(gone)
 
     @staticmethod
     def _collect(sock: zmq.Socket, wanted: dict[int, str], results: dict[int, Reply]) -> None:
@@ -196,6 +204,7 @@ class Invoker:
             self.members = members
             self.endpoints = {m.uuid: m.endpoint for m in members.members}
             self.pids = {m.endpoint: m.pid for m in members.members}
+            self.dead_pids &= set(self.pids.values())
         if self.table is None:
             self.table = table
         else:
@@ -219,6 +228,7 @@ class Invoker:
         backoff = BACKOFF_S_MIN
         last: GridError | None = None
         maybe_applied = False
+        applied = False  # a part of this write was answered as done
         write = op in p.WRITE_OPS
         for _attempt in itertools.count():
             moved = False  # a member's hint moved one of our partitions on: retry at once
@@ -252,6 +262,9 @@ class Invoker:
                 if not header.get("ok"):
                     error = p.error_from_reply(header)
                     if not error.retryable:
+                        if write and (maybe_applied or applied or any(
+                                r is None or r[0].get("ok") for r in replies)):
+                            raise PartlyAppliedError(op, error) from error
                         raise error
                     retry.extend(group)
                     last = error
@@ -259,6 +272,7 @@ class Invoker:
                     continue
                 wrong = set(header.get("wrong") or ())
                 handle([pid for pid in group if pid not in wrong], header, frames)
+                applied = True
                 if wrong:
                     retry.extend(wrong)
                     last = MemberLeftError(f"partitions {sorted(wrong)[:5]} moved")

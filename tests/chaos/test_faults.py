@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from grid.chaos.faults import FAULT_KINDS, parse_seconds, parse_weights, plan_faults
+from grid.chaos.faults import (
+    FAULT_KINDS,
+    HELD_STATES,
+    FaultRecord,
+    parse_seconds,
+    parse_weights,
+    plan_faults,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
-WEIGHTS = {"kill": 1, "pause": 2, "master-kill": 1, "stop-member": 1, "add-member": 1}
+WEIGHTS = {"kill": 1, "pause": 2, "master-kill": 1, "stop-member": 1, "add-member": 1,
+           "state-change": 1}
 
 
 def test_same_seed_same_schedule_and_another_seed_another():
@@ -44,3 +52,10 @@ def test_durations():
     assert parse_seconds("60") == parse_seconds("60s") == parse_seconds("1m") == 60.0
     with pytest.raises(ValueError):
         parse_seconds("0s")
+
+
+def test_state_changes_hold_every_state_and_skipped_records_say_so():
+    picks = [f.pick for f in plan_faults(4, {"state-change": 1}, 1.0, 200.0, 4.0)]
+    assert {HELD_STATES[int(p * len(HELD_STATES))] for p in picks} == set(HELD_STATES)
+    assert FaultRecord("kill", None, 1.0, 1.0, True, "skipped: no member to take").skipped
+    assert not FaultRecord("pause", "member-1", 1.0, 3.0, True, "stopped 2.0 s").skipped

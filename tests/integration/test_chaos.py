@@ -1,6 +1,6 @@
 """`shmgrid chaos` end to end (issue 13): a short run against the real grid passes, and the
 same run against a member that acknowledges writes before its backups have them (a debug
-switch) is caught."""
+switch) is caught; attached to a running cluster, a run leaves it running as it was."""
 
 from __future__ import annotations
 
@@ -42,7 +42,33 @@ def test_a_grid_that_acknowledges_early_is_caught(tmp_path, monkeypatch):
     assert report["verdict"]["lost_writes"] or report["verdict"]["failures"]
 
 
+def test_attached_to_a_running_cluster_it_takes_its_settings_and_leaves_it_running(
+        tmp_path, cluster_factory):
+    cluster = cluster_factory(members=3, heartbeat_timeout=2)
+    run = ["chaos", "--duration", "12s", "--seed", "2", "--clients", "2", "--keys", "200",
+           "--faults", "state-change=3,kill=1", "--fault-interval", "3s", "--json",
+           "--out", str(tmp_path)]
+    cluster.cli("state", "NO_MIGRATION")
+    refused = cluster.cli(*run, check=False)
+    assert refused.returncode == 2 and "needs ACTIVE" in refused.stderr, refused.stderr
+    cluster.cli("state", "ACTIVE")
+    result = cluster.cli(*run, timeout=240)
+    report = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
+    assert report["valid"], report["verdict"]
+    options = report["options"]
+    assert (options["members"], options["heartbeat_timeout"], options["backup_count"]) == \
+        (3, 2.0, 1)
+    changes = [f for f in report["faults"] if f["kind"] == "state-change"]
+    assert changes and all(f["note"].endswith(" s") for f in changes), changes
+    status = json.loads(cluster.cli("status", "--json").stdout)
+    assert status["state"] == "ACTIVE"
+    assert sum(not m["lite"] for m in status["members"]) == 3  # the kill was made good
+
+
 def test_bad_options_are_refused_with_a_reason(tmp_path):
     result = run_cli("chaos", "--faults", "kill=1,explode=1", "--out", str(tmp_path),
                      check=False)
     assert result.returncode == 2 and "explode" in result.stderr
+    result = run_cli("chaos", "--cluster-name", "nosuchcluster", "--out", str(tmp_path),
+                     check=False)
+    assert result.returncode == 2 and "nosuchcluster" in result.stderr, result.stderr

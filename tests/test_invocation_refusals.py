@@ -1,0 +1,74 @@
+"""The client's retry policy (grid/client/invocation.py) on a refusal that is not retryable:
+a clean refusal only when nothing of the write can have been applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from grid import protocol as p
+from grid.client.invocation import Invoker
+from grid.errors import ClusterStateError, PartlyAppliedError
+
+pytestmark = pytest.mark.timeout(30)
+
+OK = ({"ok": True}, [])
+PASSIVE = ({"ok": False, "code": p.STATE, "op": "put_all", "state": "PASSIVE"}, [])
+
+
+class ScriptedInvoker(Invoker):
+    """Partitions 0-1 live on member "a", 2-3 on "b"; each attempt gets the next replies."""
+
+    def __init__(self, attempts: list[list[tuple[dict, list] | None]]) -> None:
+        super().__init__([], "test", invocation_timeout=5.0, attempt_timeout=0.1)
+        self.attempts = attempts
+        self.handled: list[int] = []
+
+    def owner_endpoint(self, pid: int) -> str:
+        return "a" if pid < 2 else "b"
+
+    def exchange(self, requests, timeout):
+        return self.attempts.pop(0)[:len(requests)]
+
+    def refresh(self, prefer_master: bool = True) -> None:
+        pass
+
+    def run(self, op: str, pids: list[int]) -> None:
+        self.table = object()  # not None: no refresh before the first attempt
+        self.invoke_partitions(op, pids, lambda group: ({}, []),
+                               lambda group, header, frames: self.handled.extend(group))
+
+
+def test_a_refusal_before_anything_was_applied_is_a_clean_refusal():
+    invoker = ScriptedInvoker([[PASSIVE, PASSIVE]])
+    with pytest.raises(ClusterStateError) as caught:
+        invoker.run(p.PUT_ALL, [0, 2])
+    assert not isinstance(caught.value, PartlyAppliedError)
+
+
+def test_a_refusal_after_another_member_applied_its_part_is_not():
+    invoker = ScriptedInvoker([[PASSIVE, OK]])
+    with pytest.raises(PartlyAppliedError) as caught:
+        invoker.run(p.PUT_ALL, [0, 2])
+    assert isinstance(caught.value.refusal, ClusterStateError)
+    assert "read the keys" in str(caught.value)
+
+
+def test_a_refusal_after_an_earlier_attempt_went_unanswered_is_not():
+    invoker = ScriptedInvoker([[None], [PASSIVE]])
+    with pytest.raises(PartlyAppliedError):
+        invoker.run(p.PUT, [1])
+
+
+def test_a_refusal_after_an_earlier_attempt_applied_a_part_is_not():
+    moved = ({"ok": False, "code": p.MIGRATING, "msg": "migrating"}, [])
+    invoker = ScriptedInvoker([[OK, moved], [PASSIVE]])
+    with pytest.raises(PartlyAppliedError):
+        invoker.run(p.PUT_ALL, [0, 2])
+    assert invoker.handled == [0]
+
+
+def test_reads_are_refused_as_they_are():
+    invoker = ScriptedInvoker([[None], [PASSIVE]])
+    with pytest.raises(ClusterStateError) as caught:
+        invoker.run(p.GET_ALL, [1])
+    assert not isinstance(caught.value, PartlyAppliedError)

@@ -152,21 +152,32 @@ class ClusterView:
         reply = self._invoker.call(member.endpoint, p.STATUS, timeout=timeout)
         return reply[0] if reply and reply[0].get("ok") else None
 
-    def members_status(self, timeout: float = 2.0) -> list[tuple[MemberInfo, dict | None]]:
-        """``member_status`` of every member, asked all at once: a hung member costs one
-        ``timeout``, not one each."""
-        members = list(self.members)
+    def view(self) -> tuple[list[MemberInfo], MemberInfo | None, dict[int, list[str | None]]]:
+        """The members, the master and each partition's replicas (owner first, None for an
+        empty slot), from one fresh load of the table (the master's, if it answers)."""
+        self._invoker.refresh()
+        table = self._invoker.table
+        return (list(self._invoker.members.members), self._invoker.members.master,
+                {pid: list(table.replicas(pid)) for pid in range(table.partition_count)})
+
+    def members_status(self, timeout: float = 2.0, members: list[MemberInfo] | None = None
+                       ) -> list[tuple[MemberInfo, dict | None]]:
+        """``member_status`` of every member (of ``members``, default: a fresh list), asked
+        all at once: a hung member costs one ``timeout``, not one each."""
+        members = list(self.members) if members is None else members
         replies = self._invoker.exchange([(m.endpoint, p.STATUS, {}, []) for m in members],
                                          timeout)
         return [(m, r[0] if r and r[0].get("ok") else None)
                 for m, r in zip(members, replies, strict=True)]
 
-    def events_since(self, since: int, timeout: float = 2.0
+    def events_since(self, since: int, timeout: float = 2.0,
+                     master: MemberInfo | None = None
                      ) -> tuple[str | None, list[dict[str, Any]], int]:
         """The master's events numbered ``since`` and later (grid/client/events.py says
         which), the master's uuid (its numbers are its own: a new master starts at 1), and
-        the number to ask for next; (None, [], since) if the master does not answer."""
-        master = self.master
+        the number to ask for next; (None, [], since) if the master (default: as a fresh
+        load says) does not answer."""
+        master = master or self.master
         reply = self._invoker.call(master.endpoint, p.EVENTS, {"since": since},
                                    timeout=timeout) if master else None
         if reply is None or not reply[0].get("ok"):
@@ -223,9 +234,7 @@ class Client:
     def partition_replicas(self) -> dict[int, list[str | None]]:
         """Partition id -> its replicas' member uuids (owner first, None for an empty
         slot), from a freshly loaded table."""
-        self._invoker.refresh()
-        table = self._invoker.table
-        return {pid: list(table.replicas(pid)) for pid in range(table.partition_count)}
+        return self.cluster.view()[2]
 
     def get_map(self, name: str) -> Map:
         if not isinstance(name, str) or not name:

@@ -11,12 +11,14 @@ MEMBER_FIELDS = ("name", "uuid", "pid", "endpoint", "master", "lite", "owned", "
                  "persistence", "requests", "maps", "unreachable")
 
 
-def member_rows(client: Any, timeout: float = 2.0) -> list[dict[str, Any]]:
-    """Each member's status report; a member that does not answer within ``timeout`` is a
-    row with its name, uuid, pid, endpoint and ``unreachable``."""
+def member_rows(client: Any, timeout: float = 2.0, members: list[Any] | None = None
+                ) -> list[dict[str, Any]]:
+    """Each member's status report (of ``members``, default: the cluster's now); a member
+    that does not answer within ``timeout`` is a row with its name, uuid, pid, endpoint and
+    ``unreachable``."""
     return [status or {"name": member.name, "uuid": member.uuid, "pid": member.pid,
                        "endpoint": member.endpoint, "unreachable": True}
-            for member, status in client.cluster.members_status(timeout)]
+            for member, status in client.cluster.members_status(timeout, members)]
 
 
 def summarize(cluster_name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

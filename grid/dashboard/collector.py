@@ -37,9 +37,11 @@ Publish = Callable[[str, dict[str, Any]], None]
 
 def process_state(pid: Any) -> str:
     """"running", "paused" (stopped by a signal) or "dead" (no such process, or a zombie)."""
+    if not isinstance(pid, int) or pid <= 0:  # psutil.Process(None) is this process
+        return "dead"
     try:
         status = psutil.Process(pid).status()
-    except (psutil.Error, TypeError, ValueError):
+    except psutil.Error:
         return "dead"
     if status == psutil.STATUS_ZOMBIE:
         return "dead"
@@ -109,18 +111,17 @@ class Collector:
         from grid.client.status import member_rows, summarize
 
         now = time.monotonic()
+        members, master, replicas = client.cluster.view()  # one table load a poll
         history = self.snapshot is None  # the log before we came: no time to safe from it
-        for event in self._new_events(client):
+        for event in self._new_events(client, master):
             if event.get("type") == "partition_lost":
                 self._lost[event["partition_id"]] = now
             if not history:
                 self._safe.event(event, now)
             if event.get("type") not in QUIET:
                 self._add(event)
-        rows = member_rows(client, STATUS_TIMEOUT_S)
+        rows = member_rows(client, STATUS_TIMEOUT_S, members)
         summary = summarize(client.cluster_name, rows)
-        replicas = client.partition_replicas()
-        members = client.cluster.members
         registry = read_registry(registry_path(self.cluster_name))
         config = registry.get("config") or {}
         self._lost = {pid: t for pid, t in self._lost.items() if now - t < LOST_SHOWN_S}
@@ -157,16 +158,18 @@ class Collector:
         self.snapshot = snapshot
         self.publish("snapshot", snapshot)
 
-    def _new_events(self, client: Any) -> list[dict[str, Any]]:
-        master, events, following = client.cluster.events_since(self._since)
+    def _new_events(self, client: Any, master: Any) -> list[dict[str, Any]]:
         if master is None:
             return []
-        if master != self._master:
+        uuid, events, following = client.cluster.events_since(self._since, master=master)
+        if uuid is None:
+            return []
+        if uuid != self._master:
             first = self._master is None
-            self._master = master
+            self._master = uuid
             if not first and self._since != 1:  # the old master's numbers: start over
                 self._since = 1
-                master, events, following = client.cluster.events_since(1)
+                _, events, following = client.cluster.events_since(1, master=master)
         self._since = following
         return events
 

@@ -201,7 +201,7 @@ def main() -> int:
             row += [other, f"{their_rate:,.0f}", f"{their_p50:,.0f}",
                     f"{rate / their_rate:.2f}×"]
         table.add_row(*row)
-    Console().print(table)
+    Console(width=160).print(table)
     return 0
 
 

@@ -129,7 +129,7 @@ class Collector:
         rates = self._rates.update(now, {u: r.get("requests") or 0 for u, r in answered.items()})
         for entry in [*registry["members"], *({"uuid": m.uuid, "name": m.name, "pid": m.pid,
                                                  "lite": m.lite} for m in members)]:
-            self._known.setdefault(entry["uuid"], entry)
+            self._known[entry["uuid"]] = entry  # the newest (a promotion ends "lite")
         states = {uuid: process_state(entry.get("pid")) for uuid, entry in self._known.items()}
         for uuid, state in states.items():
             if state != "dead":

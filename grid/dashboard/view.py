@@ -59,7 +59,7 @@ def member_view(registry_members: list[dict[str, Any]], cluster_uuids: set[str],
         out.append({
             "name": member.get("name"), "uuid": uuid, "pid": pid,
             "role": "master" if row.get("master") else "lite" if (
-                row.get("lite") or member.get("lite")) else "member",
+                row.get("lite") if row else member.get("lite")) else "member",
             "process": process, "in_cluster": uuid in cluster_uuids,
             "answered": bool(row) and not row.get("unreachable"),
             "owned": row.get("owned"), "backups": row.get("backups"),

@@ -165,11 +165,15 @@ def test_actions_go_through_the_cli(dashboard):
     wait_snapshot(dashboard, lambda s: any(m["name"] == "member-1" and m["process"] == "paused"
                                            for m in s["members"]), 5)
     for body in ({"action": "resume", "member": "member-1"},
-                 {"action": "promote", "member": lite}, {"action": "state", "state": "FROZEN"}):
-        # A promotion or state change waits for a quiet cluster, as a user would.
-        wait_snapshot(dashboard, lambda s: s["safe"] and not s["migrations"].get("active"))
+                 {"action": "promote", "member": lite}):
         status, result = post(dashboard, body, dashboard.token)
         assert status == 200 and result["ok"], result
+    # A state change is refused while migrations run: wait, as a user would, until the
+    # promoted member got its share and the cluster is quiet.
+    wait_snapshot(dashboard, lambda s: s["safe"] and not s["migrations"].get("active") and any(
+        m["name"] == lite and m["role"] == "member" and m["owned"] for m in s["members"]), 60)
+    status, result = post(dashboard, {"action": "state", "state": "FROZEN"}, dashboard.token)
+    assert status == 200 and result["ok"], result
     wait_snapshot(dashboard, lambda s: s["state"] == "FROZEN")
     status, result = post(dashboard, {"action": "kill", "member": "member-9"}, dashboard.token)
     assert status == 400 and "member-9" in result["output"]

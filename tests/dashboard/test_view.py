@@ -26,6 +26,9 @@ def test_member_rows_say_how_each_process_is_and_whether_the_cluster_counts_it()
                 {"name": "member-2", "uuid": "u2", "pid": 12, "lite": True}]
     rows = {"u0": {"master": True, "owned": 5, "backups": 4, "rss": 1},
             "u2": {"lite": True}, "u3": {"name": "member-3", "pid": 13, "owned": 1}}
+    promoted = member_view([{"name": "member-2", "uuid": "u2", "pid": 12, "lite": True}],
+                           {"u2"}, {"u2": {"lite": False}}, {12: "running"}, {})
+    assert promoted[0]["role"] == "member"  # its own report wins over the registry's
     view = member_view(registry, {"u0", "u2", "u3"}, rows,
                        {10: "running", 11: "dead", 12: "paused", 13: "running"}, {"u0": 7.5})
     by_name = {m["name"]: m for m in view}

@@ -24,12 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
+from grid.cluster.state import ClusterState
 from grid.dashboard.collector import Collector
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
 COOKIE = "shmgrid_dashboard"
-STATES = ("ACTIVE", "NO_MIGRATION", "FROZEN", "PASSIVE", "STABLE_CLUSTER")
+STATES = tuple(state.value for state in ClusterState)
 ACTION_TIMEOUT_S = 180.0
 KEEPALIVE_S = 15.0
 

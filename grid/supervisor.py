@@ -29,6 +29,7 @@ from grid.config import SECRET_ENV, GridConfig
 from grid.errors import NotAuthorizedError
 from persistence import MetadataStore
 from persistence.errors import CorruptMetadataError
+from workers.local_reads import fence
 from workers.member import run_member
 from workers.shm import remove_segments
 
@@ -132,6 +133,14 @@ class Supervisor:
     def _segment_prefix(self, name: str) -> str:
         return f"shmgrid-{self.config.cluster_name}-{name}"
 
+    def _remove_segments(self, name: str) -> list[str]:
+        """Fence a gone member's local read directory (clients that map it stop trusting
+        it), then unlink all its segments. Fencing comes before anyone is told of the death,
+        so no client reads the dead member once a new owner may have taken writes."""
+        prefix = self._segment_prefix(name)
+        fence(prefix)
+        return remove_segments(prefix)
+
     def _join_endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members.values() if m.endpoint and not m.fenced]
 
@@ -200,7 +209,7 @@ class Supervisor:
         entry.ready.close()
         entry.member.process.kill()
         entry.member.process.join(timeout=2)
-        remove_segments(self._segment_prefix(entry.member.name))
+        self._remove_segments(entry.member.name)
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
@@ -375,7 +384,7 @@ class Supervisor:
         member.process.join(timeout=1)
         code = member.process.exitcode
         log.warning("%s (pid %d) died with exit code %s", member.name, member.pid, code)
-        removed = remove_segments(self._segment_prefix(member.name))
+        removed = self._remove_segments(member.name)
         if removed:
             log.info("removed %d shared-memory segments of %s", len(removed), member.name)
         del self.members[member.name]
@@ -515,7 +524,7 @@ class Supervisor:
                 log.warning("%s did not stop in time; killing it", member.name)
                 member.process.kill()
                 member.process.join(timeout=2)
-            remove_segments(self._segment_prefix(member.name))
+            self._remove_segments(member.name)
             if member.socket is not None:
                 member.socket.close(0)
         for entry in self.starting.values():

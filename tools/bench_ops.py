@@ -32,9 +32,12 @@ from pathlib import Path
 BATCH = 100
 # (workload, shmgrid's call, Redis's call); rows indented compare the same shmgrid call again.
 ROWS = [("single get", "get", "GET"),
+        ("single get, local reads", "get, local reads", "GET"),
         ("single put, one sync copy", "put", "SET + WAIT 1"),
         ("  against a plain SET", "put", "SET"),
+        ("  the map published for local reads", "put, published", "SET + WAIT 1"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
+        ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
         ("batches of 100, reads", "get_all", "mget_nonatomic"),
         ("  against one hash tag", "get_all", "MGET, one hash tag")]
@@ -72,8 +75,35 @@ def grid_rows(cluster_name: str, keys: list[str], value: bytes, seconds: float
                                seconds, BATCH),
             "get_all": measure(lambda i: m.get_all(batches[i % b]), seconds, BATCH),
         }
+        # Last: a published map stays published, and its writes keep the shared index.
+        rows["get, local reads"] = local_get_row(client, keys, seconds)
+        rows["put, published"] = measure(lambda i: m.put(keys[i % n], value), seconds, 1)
+        rows["put_all, published"] = measure(
+            lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), seconds, BATCH)
         m.clear()
     return rows
+
+
+def local_get_row(client: object, keys: list[str], seconds: float) -> tuple[float, float]:
+    """Gets from the owners' shared memory (``local_reads=True``), once every owner has
+    published the map (its first get from each owner asks it to); prints the share of gets
+    that were answered from memory."""
+    m = client.get_map("bench_ops", local_reads=True)  # type: ignore[attr-defined]
+    reader = m._local
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        hits = reader.hits
+        for key in keys[:2000]:
+            m.get(key)
+        if reader.hits - hits == min(2000, len(keys)):
+            break
+        time.sleep(0.1)
+    hits, misses = reader.hits, reader.misses
+    n = len(keys)
+    row = measure(lambda i: m.get(keys[i % n]), seconds, 1)
+    hits, misses = reader.hits - hits, reader.misses - misses
+    print(f"local reads: {hits:,} of {hits + misses:,} gets answered from shared memory")
+    return row
 
 
 @contextmanager

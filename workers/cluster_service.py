@@ -8,6 +8,7 @@ are the pure functions of ``grid.cluster``; this module moves their inputs and o
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -157,16 +158,21 @@ class ClusterService:
     def lease_valid(self) -> bool:
         """Whether nobody can have removed this member yet (grid/cluster/lease.py): what an
         owner checks before it acknowledges a write that no backup holds."""
+        return self.member.now() < self.lease_until()
+
+    def lease_until(self) -> float:
+        """Until when nobody can have removed this member (-inf: no lease now); local
+        readers trust this member's memory until then (workers/local_reads.py)."""
         if not self.joined or self.recovering:
-            return False
+            return -math.inf
         if self.is_master:
             peers = [u for u in self.members.uuids if u != self.me]
         else:
             master = self.members.master
             if master is None or master.uuid in self.dead:
-                return False
+                return -math.inf
             peers = [master.uuid]
-        return self.member.now() < self.lease.valid_until(peers)
+        return self.lease.valid_until(peers)
 
     def ask_for_table(self) -> None:
         """Our table is older than a peer's: heartbeat the master now (at most once a

@@ -113,7 +113,7 @@ class MapService:
         # is made after that attempt arrived: keep records that long.
         self.records = InvocationRecords(keep_s=self.config.invocation_timeout,
                                          max_records=MAX_INVOCATION_RECORDS)
-        self.order = ReplyOrder()
+        self.order = ReplyOrder(on_idle=self._on_slot_idle)
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
         self.lease_waiting: list[Ticket] = []
@@ -295,6 +295,8 @@ class MapService:
             self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
             return
         if op == p.GET:
+            if header.get("publish"):
+                self.publish(ns)
             value = store.get(pid, ns, key)
             self._answer_after(ident, header, slots, [] if value is None else [value])
             return
@@ -598,6 +600,7 @@ class MapService:
         cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
         table = cluster.table
+        self._publish_ownership()  # first: no local read of what we may no longer own
         held = set(self.store.partitions())
         arriving = self.store.arriving_partitions()
         promoted = []
@@ -621,6 +624,7 @@ class MapService:
         self._process_held()
         for pid in promoted:
             self._sync_backups(pid)
+        self._publish_ownership()
 
     def _sync_backups(self, pid: int) -> None:
         """Send the whole partition, as this new owner holds it, to its synchronous backups;
@@ -699,10 +703,53 @@ class MapService:
 
     def on_lease_renewed(self) -> None:
         """Writes that wait for this member's lease (they rest on it alone) may go now."""
+        if self.store.local is not None:
+            self.store.local.renew(self.member.cluster.lease_until())
         if self.lease_waiting and self.member.cluster.lease_valid():
             waiting, self.lease_waiting = self.lease_waiting, []
             for ticket in waiting:
                 self._settle(ticket)
+
+    # -- local reads (workers/local_reads.py) ----------------------------------------------
+
+    def publish(self, ns: str) -> None:
+        """A client on this host reads ``ns`` locally: publish its fragments, and settle
+        the slots of the partitions this member owns where no write waits."""
+        local = self.store.local
+        if local is None or local.slots_of(ns) is not None or not self.store.publish(ns):
+            return
+        log.info("map %r: published for local reads", ns)
+        for pid in self.owned:
+            self._on_slot_idle((pid, ns), check=True)
+
+    def _on_slot_idle(self, slot: Slot, check: bool = False) -> None:
+        """No answer about ``slot`` waits any more: what it holds is what a get answers
+        (if we own it: a slot is settled only while its partition is ours)."""
+        if slot[0] not in self.owned or (check and self.order.busy((slot,))):
+            return
+        self.store.settle(slot[0], slot[1])
+
+    def _publish_ownership(self) -> None:
+        """Which partitions local readers may read here: those we own (by ``owned``; ready,
+        not lite). One that stops being served is unsettled at once, so that it is settled
+        again only by what happens once it is ours again (a promotion's sync first)."""
+        local = self.store.local
+        if local is None:
+            return
+        cluster = self.member.cluster
+        me = self.member.info.uuid
+        serving = cluster.ready and not cluster.is_lite
+        table = cluster.table
+        for pid in range(self.config.partition_count):
+            owned = serving and pid in self.owned and table.owner(pid) == me
+            if owned == bool(local.served[pid]):
+                continue
+            local.set_served(pid, owned)
+            if owned:
+                for ns in local.namespaces:  # with a fragment here or not (all absent)
+                    self._on_slot_idle((pid, ns), check=True)
+            else:
+                local.unsettle(pid)
 
     def owned_sizes(self) -> dict[str, int]:
         """Entries per map in the partitions this member owns (the dashboard's map sizes)."""

@@ -25,6 +25,7 @@ from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
 from workers.journal import Journal
+from workers.local_reads import LocalReadDirectory
 from workers.node import Node
 
 log = logging.getLogger("shmgrid.member")
@@ -77,6 +78,12 @@ class Member(Node):
         self.poller.register(self._wake_r, zmq.POLLIN)
         info = MemberInfo(uuid, name, f"tcp://{config.host}:{port}", os.getpid(), lite)
         super().__init__(config, info, join_endpoints, journal)
+        if not config.migration_stale_read_disabled:
+            # Clients on this host may read published maps from our memory. Not with
+            # migration_stale_read_disabled: the directory does not say which partitions
+            # migrate, and a get must not read those then.
+            self.store.local = LocalReadDirectory(self.store.segment_prefix, uuid,
+                                                  config.partition_count)
         self.handlers[p.STATUS] = self._on_status
         self.handlers[p.SHUTDOWN] = self._on_shutdown
 

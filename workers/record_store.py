@@ -29,9 +29,9 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import mmh3
-
+from grid.local_reads import key_hash
 from grid.partition.merkle import DEPTH_MAX, DEPTH_MIN, MerkleTree, entry_hash, leaf_shift
+from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
@@ -66,11 +66,6 @@ class RecordStoreClosedError(RuntimeError):
 
 class RecordStoreInvariantError(RuntimeError):
     """The store's own bookkeeping disagrees with its segments: a bug, never user input."""
-
-
-def key_hash(key: bytes) -> int:
-    """The index hash of a key: MurmurHash3 x64 128 truncated to 64 bits (deterministic)."""
-    return mmh3.hash128(key) & _HASH_MASK
 
 
 def _key_bytes(key: object) -> bytes:
@@ -110,6 +105,7 @@ class _Fragment:
         "garbage_bytes",
         "tuple_entry_count",
         "tree",
+        "shared",
     )
 
     def __init__(self, store: RecordStore, segment: Segment) -> None:
@@ -126,6 +122,9 @@ class _Fragment:
         # The Merkle tree of the entries, built on the first ``RecordStore.tree`` call and
         # then updated by every write; None until then, so writes without one pay one check.
         self.tree: MerkleTree | None = None
+        # Its published copy for local reads (workers/local_reads.py), None unless its
+        # namespace is published; every write then keeps the shared index in step.
+        self.shared: SharedFragment | None = None
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -201,6 +200,7 @@ class _Fragment:
         h = key_hash(key)
         entry = index.get(h)
         old = None
+        offset = -1
         if entry is not None:
             offset = self.locate(entry, key)
             if offset >= 0:
@@ -228,6 +228,8 @@ class _Fragment:
         index[h] = top if entry is None else self.entry_with(entry, top)
         if self.tree is not None:
             self.tree_update(h, key, old, value)
+        if self.shared is not None:
+            self.shared.placed(self, h, offset, top)
         return old
 
     def put_many(self, pairs: list[tuple[bytes, bytes]], record_bytes_sum: int) -> None:
@@ -239,6 +241,7 @@ class _Fragment:
         index = self.index
         mm = self.mm
         tree = self.tree
+        shared = self.shared
         for key, value in pairs:
             h = key_hash(key)
             if h in index:
@@ -258,6 +261,8 @@ class _Fragment:
             self.count += 1
             if tree is not None:
                 tree.update(h, None, entry_hash(key, _as_bytes(value)))
+            if shared is not None:
+                shared.placed(self, h, -1, top)
         if self.capacity != capacity_before or self.top > self.capacity:
             raise RecordStoreInvariantError("put_many outgrew the room it made")
 
@@ -286,6 +291,8 @@ class _Fragment:
         self.count -= 1
         if self.tree is not None:
             self.tree_update(h, key, old, None)
+        if self.shared is not None:
+            self.shared.removed(h, offset)
         if self.count == 0 and self.segment.pin_count == 0:
             # Nothing live and no iterator: reuse the arena from the start, no compaction.
             assert self.live_bytes == 0 and not index
@@ -374,6 +381,8 @@ class _Fragment:
         self.capacity = capacity_new
         self.top = self.live_bytes
         self.garbage_bytes = 0
+        if self.shared is not None:
+            self.shared.moved(segment_new, self.index, self.count)
         segment_old.retire()
 
     def remap_index(self, remap: dict[int, int]) -> None:
@@ -451,6 +460,9 @@ class _Fragment:
         self.index = {}
         self.count = 0
         self.tree = None
+        if self.shared is not None:
+            self.shared.unpublish()
+            self.shared = None
         self.segment.retire()
 
     def check(self) -> None:
@@ -477,6 +489,13 @@ class _Fragment:
         tree = self.tree
         if tree is not None and tree.nodes != self.build_tree(tree.depth).nodes:
             raise RecordStoreInvariantError("the Merkle tree disagrees with the records")
+        shared = self.shared
+        if shared is not None:
+            expected = {h: sorted((entry,) if entry.__class__ is int else entry)
+                        for h, entry in self.index.items()}
+            found = {h: sorted(offsets) for h, offsets in shared.index.entries().items()}
+            if found != expected:
+                raise RecordStoreInvariantError("the shared index disagrees with the index")
 
 
 class FragmentLoan:
@@ -569,6 +588,19 @@ def _int_field(chunk: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
+def _changing(fragment: _Fragment, method: Any, *args: Any) -> Any:
+    """Call a method that changes ``fragment`` inside its seqlock, if it is published (local
+    readers then retry instead of seeing it half done)."""
+    shared = fragment.shared
+    if shared is None:
+        return method(*args)
+    shared.begin()
+    try:
+        return method(*args)
+    finally:
+        shared.end()
+
+
 def _iterate_records(segment: Segment, offsets: list[int]) -> Iterator:
     """Yield (key, value) copies at ``offsets``; the first ``next`` only pins the segment."""
     segment.pin()
@@ -618,6 +650,8 @@ class RecordStore:
         self.loans: set[FragmentLoan] = set()  # fragments this store has lent out
         # Hot restart (workers/journal.py): told of every mutation, once it is applied.
         self.journal: Any = None
+        # Local reads (workers/local_reads.py): set by the member; None keeps none.
+        self.local: LocalReadDirectory | None = None
         self._segment_number = 0
         self._closed = False
 
@@ -636,7 +670,7 @@ class RecordStore:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_size)
-        old = fragment.put(key, value)
+        old = _changing(fragment, fragment.put, key, value)
         if self.journal is not None:
             self.journal.put(pid, namespace, key, value)
         return old
@@ -659,7 +693,7 @@ class RecordStore:
             return None
         if key.__class__ is not bytes:
             key = _key_bytes(key)
-        old = fragment.remove(key)
+        old = _changing(fragment, fragment.remove, key)
         if old is not None and self.journal is not None:
             self.journal.remove(pid, namespace, key)
         return old
@@ -697,7 +731,7 @@ class RecordStore:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_bytes_sum)
-        fragment.put_many(checked, record_bytes_sum)
+        _changing(fragment, fragment.put_many, checked, record_bytes_sum)
         if self.journal is not None:
             self.journal.put_many(pid, namespace, checked)
 
@@ -760,7 +794,11 @@ class RecordStore:
         self.clear(pid, target)
         if moved is None:
             return 0
+        if moved.shared is not None:
+            moved.shared.unpublish()
+            moved.shared = None
         self._partitions.setdefault(pid, {})[target] = moved
+        self._publish_fragment(pid, target, moved)
         if self.journal is not None:  # the log has no rename: the records again, then a clear
             self.journal.put_many(pid, target, moved.items())
             self.journal.clear(pid, source)
@@ -846,7 +884,7 @@ class RecordStore:
         except KeyError:
             return None
         if fragment.garbage_bytes > fragment.live_bytes:
-            fragment.move_to(fragment.capacity)
+            _changing(fragment, fragment.move_to, fragment.capacity)
         loan = FragmentLoan(self, namespace, fragment)
         self.loans.add(loan)
         return loan
@@ -927,6 +965,7 @@ class RecordStore:
         if old is not None:
             old.release()
         namespaces[namespace] = fragment
+        self._publish_fragment(pid, namespace, fragment)
         if self.journal is not None:
             self.journal.clear(pid, namespace)
             self.journal.put_many(pid, namespace, fragment.items())
@@ -972,6 +1011,8 @@ class RecordStore:
 
     def close(self) -> None:
         """Unlink every segment. Idempotent."""
+        if self.local is not None:
+            self.local.fence()  # before anything goes: no reader may trust what is left
         self._closed = True
         partitions = self._partitions
         self._partitions = {}
@@ -985,6 +1026,8 @@ class RecordStore:
                     fragment.release()
                 except Exception as error:  # unlink the others before reporting it
                     failures.append(error)
+        if self.local is not None:
+            self.local.close()
         if failures:
             raise failures[0]
 
@@ -1024,7 +1067,43 @@ class RecordStore:
         size_bytes = max(self._initial_segment_bytes, record_bytes)
         fragment = _Fragment(self, self.new_segment(size_bytes))
         self._partitions.setdefault(pid, {})[namespace] = fragment
+        self._publish_fragment(pid, namespace, fragment)
         return fragment
+
+    # -- local reads -----------------------------------------------------------------------
+
+    def publish(self, namespace: str) -> bool:
+        """Keep a shared index of every fragment of ``namespace``, now and from now on, so
+        that clients on this host read it without a message. False when this store has no
+        directory or the directory cannot take the namespace."""
+        if self.local is None or self._closed:
+            return False
+        if self.local.slots_of(namespace) is None:
+            if self.local.publish(namespace) is None:
+                return False
+            for pid, namespaces in self._partitions.items():
+                fragment = namespaces.get(namespace)
+                if fragment is not None:
+                    self._publish_fragment(pid, namespace, fragment)
+        return True
+
+    def settle(self, pid: int, namespace: str) -> None:
+        """No write to (pid, namespace) waits for its backups: local reads may answer."""
+        if self.local is not None:
+            self.local.settle(namespace, pid)
+
+    def _publish_fragment(self, pid: int, namespace: str, fragment: _Fragment) -> None:
+        """Point the namespace's slot at ``fragment`` (now the one for (pid, namespace))."""
+        slots = None if self.local is None else self.local.slots_of(namespace)
+        if slots is None:
+            return
+        shared = SharedFragment(slots, pid, self.new_segment)
+        shared.begin()
+        try:
+            shared.moved(fragment.segment, fragment.index, fragment.count)
+        finally:
+            shared.end()
+        fragment.shared = shared
 
     def _too_large(self, key_size: int, value_size: int) -> ValueTooLargeError:
         record_size = header_bytes + key_size + value_size

@@ -208,6 +208,15 @@ class SegmentReader:
         self.close()
 
 
+def unlink_segment(name: str) -> bool:
+    """Remove the name ``name`` from /dev/shm; False when there was none."""
+    try:
+        _posixshmem.shm_unlink("/" + validate_name(name))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def list_segments(prefix: str) -> list[str]:
     """Names in /dev/shm that start with ``prefix + "-"``, sorted."""
     validate_prefix(prefix)

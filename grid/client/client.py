@@ -12,6 +12,7 @@ from grid import protocol as p
 from grid.client import registry
 from grid.client.events import EventListeners, Listener
 from grid.client.invocation import Invoker
+from grid.client.local_reads import LocalReader
 from grid.client.map import Map
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.cluster.repair import is_cluster_safe
@@ -200,7 +201,8 @@ class ClusterView:
 class Client:
     def __init__(self, seeds: list[str], cluster_name: str | None, invocation_timeout: float,
                  attempt_timeout: float, max_value_bytes: int, backup_count: int,
-                 where: str, secret: str = "", local: str | None = None) -> None:
+                 where: str, secret: str = "", local: str | None = None,
+                 local_reads: bool = False) -> None:
         self._invoker = Invoker(seeds, cluster_name, invocation_timeout, attempt_timeout)
         self.max_value_bytes = max_value_bytes
         try:
@@ -212,7 +214,9 @@ class Client:
             self._invoker.close()
             raise WrongClusterNameError(cluster_name, self._invoker.cluster_name, where)
         self.cluster = ClusterView(self._invoker, backup_count, secret, local)
-        self._maps: dict[str, Map] = {}
+        self._maps: dict[tuple[str, bool], Map] = {}
+        self.local_reads = local_reads  # the default of get_map
+        self._local_reader: LocalReader | None = None
 
     @property
     def cluster_name(self) -> str:
@@ -236,17 +240,29 @@ class Client:
         slot), from a freshly loaded table."""
         return self.cluster.view()[2]
 
-    def get_map(self, name: str) -> Map:
+    def get_map(self, name: str, local_reads: bool | None = None) -> Map:
+        """The map ``name``. ``local_reads`` (default: the client's ``local_reads``) lets
+        gets read the owners' shared memory when this process runs on the grid's host
+        (grid/client/local_reads.py says what such a read can miss)."""
         if not isinstance(name, str) or not name:
             raise ValueError("a map name is a non-empty string")
-        m = self._maps.get(name)
+        local = self.local_reads if local_reads is None else bool(local_reads)
+        m = self._maps.get((name, local))
         if m is None:
-            m = self._maps[name] = Map(name, self._invoker, self.max_value_bytes)
+            reader = None
+            if local:
+                if self._local_reader is None:
+                    self._local_reader = LocalReader(self.cluster_name)
+                reader = self._local_reader
+            m = self._maps[(name, local)] = Map(name, self._invoker, self.max_value_bytes,
+                                                reader)
         return m
 
     def close(self) -> None:
         self.cluster.close()
         self._invoker.close()
+        if self._local_reader is not None:
+            self._local_reader.close()
 
     def __enter__(self) -> Client:
         return self
@@ -257,9 +273,10 @@ class Client:
 
 def connect(address: str | None = None, *, cluster_name: str | None = None,
             registry_path: str | None = None, invocation_timeout: float | None = None,
-            config: GridConfig | None = None) -> Client:
+            config: GridConfig | None = None, local_reads: bool = False) -> Client:
     """Connect to a cluster: by address (``tcp://127.0.0.1:PORT`` of any member), or through
-    the local registry file of ``cluster_name`` (default "dev")."""
+    the local registry file of ``cluster_name`` (default "dev"). ``local_reads`` turns on
+    reads from shared memory for every map this client gets (see ``Client.get_map``)."""
     config = config or GridConfig.load(
         **({"cluster_name": cluster_name} if cluster_name else {}))
     timeout = invocation_timeout if invocation_timeout is not None else config.invocation_timeout
@@ -281,4 +298,4 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
         # it may change the cluster's state or promote members, as the shmgrid command does.
         secret = data.get("config", {}).get("cluster_secret") or secret
     return Client(seeds, cluster_name, timeout, min(config.attempt_timeout, timeout),
-                  config.max_value_bytes, config.backup_count, where, secret, local)
+                  config.max_value_bytes, config.backup_count, where, secret, local, local_reads)

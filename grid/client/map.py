@@ -7,6 +7,7 @@ retries; batch methods send one message per owning member (in chunks of about
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ import msgpack
 
 from grid import protocol as p
 from grid.client.invocation import Invoker
+from grid.client.local_reads import UNPUBLISHED, LocalReader
 from grid.errors import ValueTooLargeError
 from grid.serialization import (
     INT32_MIN,
@@ -39,10 +41,19 @@ def _as_key(obj: Any) -> Any:
 
 
 class Map:
-    def __init__(self, name: str, invoker: Invoker, max_value_bytes: int) -> None:
+    def __init__(self, name: str, invoker: Invoker, max_value_bytes: int,
+                 local: LocalReader | None = None) -> None:
         self.name = name
         self._invoker = invoker
         self._max_value_bytes = max_value_bytes
+        # Gets from the owners' shared memory (grid/client/local_reads.py), or None.
+        self._local = local
+        self._member_names: tuple[Any, dict[str, str]] = (None, {})
+
+    @property
+    def local_reads(self) -> bool:
+        """Whether gets read the owner's shared memory when they can (see ``get``)."""
+        return self._local is not None
 
     def __repr__(self) -> str:
         return f"Map({self.name!r})"
@@ -60,15 +71,17 @@ class Map:
         if size > self._max_value_bytes:
             raise ValueTooLargeError(size, self._max_value_bytes)
 
-    def _key_op(self, op: str, key: object, value: object = _MISSING) -> tuple[dict, list]:
-        key_bytes = serialize_key(key)
+    def _key_op(self, op: str, key: object, value: object = _MISSING,
+                key_bytes: bytes | None = None, **extra: Any) -> tuple[dict, list]:
+        if key_bytes is None:
+            key_bytes = serialize_key(key)
         frames = [key_bytes]
         if value is not _MISSING:
             value_bytes = serialize_value(value)
             self._check_size(key_bytes, value_bytes)
             frames.append(value_bytes)
         pid = partition_id_of(key_bytes, self._partition_count)
-        fields = {"ns": self.name, "pid": pid}
+        fields = {"ns": self.name, "pid": pid, **extra}
         if op in p.WRITE_KEY_OPS:
             fields["iid"] = self._invoker.invocation_id()
         out: list[tuple[dict, list]] = []
@@ -94,8 +107,36 @@ class Map:
     # -- one key ---------------------------------------------------------------------------
 
     def get(self, key: object) -> Any:
-        """The value of ``key``, or None."""
-        return self._value_of(self._key_op(p.GET, key))
+        """The value of ``key``, or None.
+
+        With local reads on, read from the owner's shared memory when this client is on its
+        host and the owner publishes the map; otherwise (and whenever a local read cannot be
+        sure of its answer) ask the owner. See grid/client/local_reads.py for what a local
+        read can miss."""
+        if self._local is None:
+            return self._value_of(self._key_op(p.GET, key))
+        key_bytes = serialize_key(key)
+        invoker = self._invoker
+        if invoker.table is None:
+            invoker.refresh()
+        pid = partition_id_of(key_bytes, invoker.table.partition_count)
+        owner = invoker.table.owner(pid)
+        members, names = self._member_names
+        if members is not invoker.members:
+            names = {m.uuid: m.name for m in invoker.members.members}
+            self._member_names = (invoker.members, names)
+        name = names.get(owner) if owner is not None else None
+        extra = {}
+        if name is not None:
+            value = self._local.get(self.name, key_bytes, pid, owner, name)
+            if value.__class__ is bytes:
+                return deserialize_value(value)
+            if value is None:
+                return None
+            if value is UNPUBLISHED and self._local.should_ask_to_publish(
+                    name, self.name, time.monotonic()):
+                extra["publish"] = True
+        return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
 
     def put(self, key: object, value: object) -> Any:
         """Store ``value`` under ``key``; returns the previous value or None."""

@@ -14,7 +14,7 @@ Pure state: no sockets, no clocks.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 Slot = tuple[int, str]  # (partition id, namespace)
@@ -52,8 +52,11 @@ class Ticket:
 
 
 class ReplyOrder:
-    def __init__(self) -> None:
+    def __init__(self, on_idle: Callable[[Slot], None] | None = None) -> None:
         self._queues: dict[Slot, deque[Ticket]] = {}
+        # Told of each slot whose last waiting answer left: from then on, until the next
+        # write to it, what the slot holds is durable (local reads may answer from it).
+        self._on_idle = on_idle
         # Tickets about no slot (a batch write naming no partition of ours): nothing to wait
         # behind, so they leave as soon as they are ready.
         self._free: list[Ticket] = []
@@ -94,6 +97,8 @@ class ReplyOrder:
                     q.popleft()
                     if not q:
                         del queues[slot]
+                        if self._on_idle is not None:
+                            self._on_idle(slot)
                     elif q is not queue:
                         work.append(slot)
                 out.append(ticket)

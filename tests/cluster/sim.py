@@ -30,6 +30,7 @@ from typing import Any
 from grid import protocol as p
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
+from grid.local_reads import SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
 from grid.partition.table import PartitionTable
 from grid.serialization import (
     deserialize_value,
@@ -37,6 +38,7 @@ from grid.serialization import (
     serialize_key,
     serialize_value,
 )
+from workers.local_reads import LocalReadDirectory
 from workers.node import Node
 from workers.shm import remove_segments
 
@@ -79,6 +81,7 @@ class SimNetwork:
         self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
         self.assigned: set[str] = set()  # nodes whose table had every partition owned
         self.syncs_seen: dict[str, int] = {}  # node -> replica syncs it had installed
+        self.settled: set[tuple[str, int]] = set()  # (node, pid) slots settled this step
         self.owner_acked: dict[tuple[str, str], int] = {}  # (ns, key) -> newest value an
         # owner acknowledged (values of a key only grow)
 
@@ -131,6 +134,9 @@ class SimNetwork:
     # -- invariants, after every step ------------------------------------------------------
 
     def check_step(self) -> None:
+        if self.settled:
+            settled, self.settled = self.settled, set()
+            self.check_local_reads(settled)
         for node in self.nodes.values():
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced
@@ -151,6 +157,7 @@ class SimNetwork:
                     self.violation(f"{node.name}: a partition version went back")
             self.views[node.name] = (members.version, versions)
         if changed:
+            self.check_local_reads(None)
             # Once assigned, a master's table gives every partition an owner, always (a
             # partition with no replica left gets an empty one at once).
             for node in self.alive():
@@ -228,6 +235,53 @@ class SimNetwork:
             if got is None or deserialize_value(got) < value:
                 self.violation(f"a replica sync left synchronous backup {node.name} with "
                                f"{key}={got!r}, acknowledged {value}")
+
+    def check_local_reads(self, only: set[tuple[str, int]] | None) -> None:
+        """What a client on the host could read from a member's memory now (workers/
+        local_reads.py: lease valid, partition served, slot settled, seqlock even; a dead
+        member counts as fenced) is what a get may answer: held by every synchronous backup
+        of the newest table (or a later value); and only a member of the newest member list,
+        owning the partition in its own table, serves it.
+
+        Checked for the (node, pid) slots settled in this step (``only``), and for every slot
+        when a member list or table changed (None): a settle, a served flag, a lease and a
+        removal change nowhere else."""
+        newest = max((n.cluster.members for n in self.alive()), key=lambda m: m.version,
+                     default=None)
+        for node in self.alive():
+            local = node.store.local
+            if local is None or local.closed or \
+                    self.time >= VALID_UNTIL.unpack_from(local.mm, VALID_UNTIL_OFFSET)[0]:
+                continue
+            served = [pid for pid, flag in enumerate(local.served)
+                      if flag and (only is None or (node.name, pid) in only)]
+            if not served:
+                continue
+            if newest is not None and node.info.uuid not in newest:
+                self.violation(f"{node.name} was removed (member list {newest.version}) but "
+                               f"local readers may still read its memory")
+            slots = local.slots_of("m")
+            table, me = node.cluster.table, node.info.uuid
+            for pid in served:
+                if table.owner(pid) != me:
+                    self.violation(f"{node.name} serves partition {pid} to local readers but "
+                                   f"does not own it")
+                if slots is None:
+                    continue
+                seq, settled, _, _ = SLOT.unpack_from(slots.mm, SLOT.size * pid)
+                if not settled or seq & 1:
+                    continue
+                for key_bytes, value in node.store.items(pid, "m"):
+                    seen = deserialize_value(value)
+                    for uuid_ in self.newest_replicas(pid)[1:1 + self.config.backup_count]:
+                        backup = self.by_uuid(uuid_) if uuid_ else None
+                        if backup is None:
+                            continue
+                        held = backup.store.get(pid, "m", key_bytes)
+                        if held is None or deserialize_value(held) < seen:
+                            self.violation(f"local readers of {node.name} may see "
+                                           f"{key_bytes!r}={seen}, which {backup.name} does "
+                                           f"not hold yet")
 
     def check_read_durable(self, owner: SimNode, key: str, frames: list[bytes]) -> None:
         """An owner answers a read with a value: every synchronous backup of the newest table
@@ -333,6 +387,17 @@ class SimNode(Node):
         info = MemberInfo(str(uuid.UUID(int=net.rng.getrandbits(128))), name,
                           f"sim://{name}", 1000 + len(net.nodes), lite)
         super().__init__(net.config, info, join)
+        # Local reads of map "m" (workers/local_reads.py), checked after every step.
+        self.store.local = LocalReadDirectory(self.store.segment_prefix, info.uuid,
+                                              net.config.partition_count)
+        settle = self.store.settle
+
+        def settle_seen(pid: int, namespace: str) -> None:
+            settle(pid, namespace)
+            net.settled.add((name, pid))
+
+        self.store.settle = settle_seen  # type: ignore[method-assign]
+        self.maps.publish("m")
 
     def now(self) -> float:
         return self.net.time

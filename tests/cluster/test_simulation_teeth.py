@@ -4,6 +4,8 @@ without a catch, the simulation has lost the power to see that bug."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from grid.cluster.reply_order import ReplyOrder, Ticket
@@ -11,6 +13,7 @@ from grid.cluster.state import ClusterState
 from grid.cluster.state_change import StateChange
 from tests.cluster import test_simulation, test_state_change_sim, test_write_path
 from workers.cluster_service import ClusterService
+from workers.local_reads import LocalReadDirectory, NamespaceSlots
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
 from workers.state_service import StateService
@@ -172,3 +175,35 @@ def test_a_master_that_commits_without_every_lock_is_caught(monkeypatch):
 
     monkeypatch.setattr(StateChange, "lock_answered", commit_anyway)
     assert state_change_caught(["lost-lock", "hang"], range(4))
+
+
+# -- local reads (workers/local_reads.py): what a client on the host reads from a member's
+# memory is checked after every step (SimNetwork.check_local_reads) -------------------------
+
+original_renew = LocalReadDirectory.renew
+original_set_served = LocalReadDirectory.set_served
+
+
+def test_local_reads_of_writes_not_yet_durable_are_caught(monkeypatch):
+    """A write that leaves its slot settled: local readers see it before the backups have
+    it."""
+    monkeypatch.setattr(NamespaceSlots, "begin",
+                        lambda self, pid: NamespaceSlots.end(self, pid))
+    assert caught(["kill"], range(3))
+
+
+def test_local_reads_that_outlive_the_membership_lease_are_caught(monkeypatch):
+    """A member that lets local readers trust it for ever: once it hangs and is removed,
+    they would read what its partitions' new owners have moved past."""
+    monkeypatch.setattr(LocalReadDirectory, "renew",
+                        lambda self, until: original_renew(self, math.inf))
+    assert caught(["hang", "hang-master"], range(6))
+
+
+def test_local_reads_of_a_partition_that_moved_away_are_caught(monkeypatch):
+    """A member that goes on serving a partition to local readers after its table gave the
+    partition to another member."""
+    monkeypatch.setattr(LocalReadDirectory, "set_served",
+                        lambda self, pid, served: original_set_served(self, pid, True)
+                        if served or self.served[pid] else None)
+    assert caught(MIGRATION_FAULTS, range(6))

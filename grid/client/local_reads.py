@@ -1,0 +1,222 @@
+"""Gets answered from the owner's shared memory, for a client on the grid's host.
+
+A member that publishes a map keeps a directory and a shared copy of each fragment's index
+(layout: grid/local_reads.py). ``LocalReader.get`` maps them read-only, probes, copies the
+value and checks the fragment's seqlock; whenever it cannot be sure, it says MISS (or
+UNPUBLISHED) and the map asks the owner with a message instead. It answers only when all of
+these hold, each read from the owner's memory at the time of the get:
+
+- the member the client's table names as owner is the one whose directory this is (same
+  uuid), it has not been fenced (it closed, or the supervisor saw it die), and its membership
+  lease has not run out (grid/cluster/lease.py: before then nobody can have removed it);
+- that member's own table says it owns the partition (and it is ready, and not lite);
+- no write to the partition and map waits for its backups on the owner (``settled``);
+- the seqlock shows no write changed the fragment while it was read.
+
+So a local read answers what a get sent to that owner would have answered at that moment.
+What it can miss, and a get routed through a fresher table would not: writes that a new owner
+took before this owner applied the table that moved the partition away (a get to the old
+owner misses them too), bounded by the table's propagation; and after the supervisor itself
+has died, writes a new owner takes after this owner's death, up to the owner's lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import struct
+import time
+from typing import Any
+
+from grid.local_reads import (
+    DIRECTORY_MAGIC,
+    HEADER,
+    NAME_BYTES,
+    NAME_LENGTH,
+    NAMESPACE_COUNT_OFFSET,
+    RETRY,
+    SEQ,
+    SLOT,
+    STATE,
+    VALID_UNTIL_OFFSET,
+    directory_name,
+    key_hash,
+    map_segment,
+    names_offset,
+    namespace_name,
+    probe,
+    segment_name,
+)
+
+__all__ = ["MISS", "UNPUBLISHED", "LocalReader"]
+
+MISS = object()  # no local answer now: ask the owner
+UNPUBLISHED = object()  # the owner does not publish this map (yet): ask it, and to publish
+ATTEMPTS = 8  # seqlock retries before asking the owner instead
+ABSENT_RETRY_S = 0.5  # a member without a directory is looked for again after this
+_U64 = SEQ
+_READ_ERRORS = (struct.error, IndexError, ValueError, OSError)
+
+
+class _MemberView:
+    """One member's directory, its published namespaces and the segments read so far."""
+
+    __slots__ = ("prefix", "uuid", "mm", "partition_count", "served", "namespaces",
+                 "namespaces_seen", "slots", "segments", "pointing")
+
+    def __init__(self, prefix: str, mm: mmap.mmap) -> None:
+        magic, _, _, partition_count, _, uuid, _ = HEADER.unpack_from(mm, 0)
+        if magic != DIRECTORY_MAGIC:
+            raise ValueError(f"{directory_name(prefix)} is not a local read directory")
+        self.prefix = prefix
+        self.uuid = uuid.rstrip(b"\0").decode()
+        self.mm = mm
+        self.partition_count = partition_count
+        self.served = HEADER.size  # the served byte of pid p is at served + p
+        self.namespaces: dict[str, int] = {}
+        self.namespaces_seen = 0
+        self.slots: dict[int, mmap.mmap] = {}  # namespace k -> its slot segment
+        self.segments: dict[int, mmap.mmap] = {}  # segment number -> mapping
+        # (namespace, pid) -> the (arena + 1, index + 1) its slot pointed at when last read
+        self.pointing: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def slots_of(self, namespace: str) -> mmap.mmap | None:
+        k = self.namespaces.get(namespace)
+        if k is None:
+            count = _U64.unpack_from(self.mm, NAMESPACE_COUNT_OFFSET)[0]
+            if count == self.namespaces_seen:
+                return None
+            base = names_offset(self.partition_count)
+            for j in range(self.namespaces_seen, count):
+                at = base + j * NAME_BYTES
+                length = NAME_LENGTH.unpack_from(self.mm, at)[0]
+                name = self.mm[at + NAME_LENGTH.size:at + NAME_LENGTH.size + length]
+                self.namespaces[name.decode()] = j
+            self.namespaces_seen = count
+            k = self.namespaces.get(namespace)
+            if k is None:
+                return None
+        slots = self.slots.get(k)
+        if slots is None:
+            slots = self.slots[k] = map_segment(namespace_name(self.prefix, k))
+        return slots
+
+    def segment(self, number: int) -> mmap.mmap:
+        mm = self.segments.get(number)
+        if mm is None:
+            mm = self.segments[number] = map_segment(segment_name(self.prefix, number))
+        return mm
+
+    def repoint(self, key: tuple[str, int], now: tuple[int, int]) -> None:
+        """A slot points at other segments than last time: unmap the ones it left."""
+        before = self.pointing.get(key)
+        self.pointing[key] = now
+        if before is not None:
+            for number in before:
+                if number not in now:
+                    mm = self.segments.pop(number - 1, None)
+                    if mm is not None:
+                        mm.close()
+
+    def close(self) -> None:
+        for mm in [*self.segments.values(), *self.slots.values(), self.mm]:
+            with contextlib.suppress(BufferError):
+                mm.close()
+        self.segments.clear()
+        self.slots.clear()
+
+
+class LocalReader:
+    """Reads of published maps from members' shared memory on this host (one per client)."""
+
+    def __init__(self, cluster_name: str) -> None:
+        self.cluster_name = cluster_name
+        self._views: dict[str, _MemberView] = {}  # member name -> its directory
+        self._asked: dict[tuple[str, str], float] = {}  # (member, map) -> when publish asked
+        self._absent: dict[str, float] = {}  # member -> when its directory was not there
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, namespace: str, key: bytes, pid: int, owner_uuid: str,
+            owner_name: str) -> bytes | None | Any:
+        """The value's bytes, None when absent, or MISS / UNPUBLISHED (ask the owner)."""
+        view = self._views.get(owner_name)
+        if view is None or view.uuid != owner_uuid:
+            view = self._open(owner_name, owner_uuid)
+            if view is None:
+                self.misses += 1
+                return MISS
+        mm = view.mm
+        valid_until, fenced = STATE.unpack_from(mm, VALID_UNTIL_OFFSET)
+        if fenced:
+            self._drop(owner_name)
+            self.misses += 1
+            return MISS
+        slots = view.slots_of(namespace)
+        if slots is None:
+            self.misses += 1
+            return UNPUBLISHED
+        if time.monotonic() >= valid_until or mm[view.served + pid] != 1:
+            self.misses += 1
+            return MISS
+        h = key_hash(key)
+        base = SLOT.size * pid
+        for _ in range(ATTEMPTS):
+            seq, settled, arena_1, index_1 = SLOT.unpack_from(slots, base)
+            if seq & 1:
+                continue
+            if not settled:
+                break
+            if arena_1 == 0:
+                value = None
+            else:
+                try:
+                    if view.pointing.get((namespace, pid)) != (arena_1, index_1):
+                        view.repoint((namespace, pid), (arena_1, index_1))
+                    value = probe(view.segment(index_1 - 1), view.segment(arena_1 - 1), h, key)
+                except _READ_ERRORS:
+                    value = RETRY  # a segment retired meanwhile, or bytes being rewritten
+            if value is not RETRY and _U64.unpack_from(slots, base)[0] == seq:
+                self.hits += 1
+                return value
+        self.misses += 1
+        return MISS
+
+    def should_ask_to_publish(self, owner_name: str, namespace: str, now: float) -> bool:
+        """Whether to ask the owner to publish the map (at most once a second each)."""
+        key = (owner_name, namespace)
+        if now - self._asked.get(key, -1.0) < 1.0:
+            return False
+        self._asked[key] = now
+        return True
+
+    def _open(self, name: str, uuid: str) -> _MemberView | None:
+        self._drop(name)
+        now = time.monotonic()
+        if now - self._absent.get(name, -1.0) < ABSENT_RETRY_S:
+            return None
+        prefix = f"shmgrid-{self.cluster_name}-{name}"
+        try:
+            mm = map_segment(directory_name(prefix))
+        except (FileNotFoundError, ValueError, OSError):
+            self._absent[name] = now  # not on this host, or publishes nothing: look later
+            return None
+        try:
+            view = _MemberView(prefix, mm)
+        except (ValueError, struct.error):
+            mm.close()
+            return None
+        if view.uuid != uuid:  # an earlier process of that name, or not yet the new one
+            view.close()
+            return None
+        self._views[name] = view
+        return view
+
+    def _drop(self, name: str) -> None:
+        view = self._views.pop(name, None)
+        if view is not None:
+            view.close()
+
+    def close(self) -> None:
+        for name in list(self._views):
+            self._drop(name)

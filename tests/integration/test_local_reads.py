@@ -1,0 +1,166 @@
+"""Local reads on a real cluster: gets answered from the owners' shared memory stay
+linearizable while partitions migrate, owners are killed, and a hung owner is removed with
+nobody left to fence it.
+
+One writer thread sets per-key counters; reader threads get the same keys with local reads on.
+Each read must return a value between the last one acknowledged before the read began and the
+last one whose write had begun when the read ended (a stale or invented value fails)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from grid.client.registry import pid_alive
+from tests.integration.test_failover import _wait
+from tests.integration.test_migrations import _kill, _wait_safe
+
+pytestmark = pytest.mark.timeout(180)
+
+KEYS = 60
+
+
+class CounterRace:
+    """A writer of per-key counters and readers that check every value against them."""
+
+    def __init__(self, cluster, readers: int = 2, invocation_timeout: float = 60) -> None:
+        self.cluster = cluster
+        self.invocation_timeout = invocation_timeout
+        self.started = [0] * KEYS  # the newest value whose set has begun, per key
+        self.acked = [0] * KEYS  # the newest value whose set returned, per key
+        self.stop = threading.Event()
+        self.failures: list[BaseException] = []
+        self.reads = 0
+        self.maps: list = []
+        self.threads = [threading.Thread(target=self._write, daemon=True)] + [
+            threading.Thread(target=self._read, args=(n,), daemon=True) for n in range(readers)]
+
+    def _write(self) -> None:
+        try:
+            with self.cluster.connect(invocation_timeout=self.invocation_timeout) as client:
+                m = client.get_map("counters")
+                value = 0
+                while not self.stop.is_set():
+                    value += 1
+                    key = value % KEYS
+                    self.started[key] = value
+                    m.set(f"c{key}", value)
+                    self.acked[key] = value
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def _read(self, n: int) -> None:
+        rng = random.Random(n)
+        try:
+            with self.cluster.connect(invocation_timeout=self.invocation_timeout,
+                                      local_reads=True) as client:
+                m = client.get_map("counters")
+                self.maps.append(m)
+                while not self.stop.is_set():
+                    key = rng.randrange(KEYS)
+                    low = self.acked[key]
+                    value = m.get(f"c{key}") or 0
+                    high = self.started[key]
+                    self.reads += 1
+                    assert low <= value <= high, \
+                        f"key c{key}: read {value}, acknowledged {low}, last begun {high}"
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def local_hits(self) -> int:
+        return sum(m._local.hits for m in self.maps)
+
+    def wait_reads(self, count: int, timeout: float = 60) -> None:
+        target = self.reads + count
+        _wait(lambda: self.reads >= target or bool(self.failures), timeout,
+              f"{count} more reads")
+        assert not self.failures, self.failures
+
+    def wait_local_hits(self, count: int, timeout: float = 30) -> None:
+        target = self.local_hits() + count
+        _wait(lambda: self.local_hits() >= target or bool(self.failures), timeout,
+              f"{count} more local reads")
+        assert not self.failures, self.failures
+
+    def __enter__(self) -> CounterRace:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=self.invocation_timeout + 10)
+        assert not self.failures, self.failures
+
+
+def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_factory):
+    cluster = cluster_factory(members=3)
+    with cluster.connect() as writer, cluster.connect(local_reads=True) as reader:
+        source, local = writer.get_map("m"), reader.get_map("m")
+        plain = reader.get_map("m", local_reads=False)
+        assert local.local_reads and not plain.local_reads
+        source.put_all({f"k{i}": {"i": i} for i in range(500)})
+
+        def sweep() -> int:
+            """Read every key; how many were read from memory."""
+            hits = local._local.hits
+            assert [local.get(f"k{i}") for i in range(500)] == [{"i": i} for i in range(500)]
+            return local._local.hits - hits
+
+        # The first get of a map from each owner asks it to publish the map, and a member
+        # serves local reads once it holds its membership lease (within a heartbeat).
+        _wait(lambda: sweep() == 500, what="every owner to publish the map")
+        source.put("k1", "new")
+        source.remove("k2")
+        assert local.get("k1") == "new" and local.get("k2") is None
+        assert local.get("absent") is None
+        source.clear()
+        assert [local.get(f"k{i}") for i in range(0, 500, 50)] == [None] * 10
+
+
+def test_local_reads_stay_linearizable_while_an_added_member_takes_its_share(cluster_factory):
+    cluster = cluster_factory(members=3)
+    with CounterRace(cluster) as race:
+        race.wait_local_hits(2000)
+        cluster.cli("add-member")
+        _wait_safe(cluster)
+        race.wait_reads(2000)
+        race.wait_local_hits(2000)  # the new owners publish too
+
+
+def test_local_reads_stay_linearizable_when_an_owner_is_killed(cluster_factory):
+    cluster = cluster_factory(members=3)
+    with CounterRace(cluster) as race:
+        race.wait_local_hits(2000)
+        _kill(cluster, "member-1")
+        race.wait_reads(2000)
+        _wait_safe(cluster)
+        race.wait_local_hits(2000)
+
+
+def test_a_hung_owner_nobody_fences_is_not_read_past_its_lease(cluster_factory):
+    """The supervisor is dead, so a hung member's memory stays, unfenced. The master removes
+    it after the heartbeat timeout and its backups take its partitions and new writes; local
+    readers must have stopped trusting it by then (its membership lease ran out)."""
+    cluster = cluster_factory(members=3, heartbeat_interval=0.2, heartbeat_timeout=2)
+    os.kill(cluster.registry["supervisor"]["pid"], signal.SIGKILL)
+    victim = cluster.member("member-2")
+    with CounterRace(cluster) as race:
+        race.wait_local_hits(2000)
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            with cluster.connect() as client:
+                _wait(lambda: len(client.cluster.members) == 2,
+                      what="the hung member's removal")
+            race.wait_reads(3000)  # its keys' new values come from the new owners
+        finally:
+            os.kill(victim["pid"], signal.SIGCONT)
+        _wait(lambda: not pid_alive(victim["pid"]), what="the returned member to stop itself")
+        time.sleep(0.2)
+        race.wait_reads(1000)

@@ -1,0 +1,345 @@
+"""Local reads from shared memory: the shared index against a model, a published record store
+against the dict model (read back through the client's reader), the reader's refusals, and a
+writer process racing readers (no torn or invented value, ever)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import struct
+import time
+
+import multiprocess
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import initialize, invariant, rule
+
+from grid.client import local_reads as client_reads
+from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
+from grid.local_reads import RETRY, SEQ, SLOT, probe
+from tests.workers.conftest import unique_prefix
+from tests.workers.test_record_store import (
+    KEYS,
+    StoreMachine,
+    fragment_count,
+    machine_settings,
+)
+from workers import record_store
+from workers.local_reads import LocalReadDirectory, SharedIndex, fence
+from workers.record_store import RecordStore
+from workers.shm import list_segments, remove_segments
+
+pytestmark = pytest.mark.timeout(120)
+
+UUID = "00000000-0000-0000-0000-000000000001"
+
+
+def reader_for(prefix: str) -> tuple[LocalReader, str]:
+    """A client's reader of the store with ``prefix`` (shmgrid-{cluster}-{member})."""
+    cluster, member = prefix[len("shmgrid-"):].rsplit("-", 1)
+    return LocalReader(cluster), member
+
+
+def serve_everything(directory: LocalReadDirectory, partition_count: int) -> None:
+    """What the member does when it owns every partition and no write waits."""
+    directory.renew(math.inf)
+    for pid in range(partition_count):
+        directory.set_served(pid, True)
+        for namespace in directory.namespaces:
+            directory.settle(namespace, pid)
+
+
+# -- the shared index ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(make_store,
+                                                                            seed) -> None:
+    rng = random.Random(seed)
+    store = make_store()
+    hash_range = rng.choice([4, 64, 1 << 64])  # few values: long runs of colliding entries
+    index = SharedIndex.build(store.new_segment, {}, 0)
+    model: dict[int, set[int]] = {}
+    for step in range(400):
+        if index.full():
+            entries = {h: tuple(sorted(offsets)) if len(offsets) > 1 else next(iter(offsets))
+                       for h, offsets in model.items()}
+            old, index = index, SharedIndex.build(store.new_segment, entries,
+                                                  sum(map(len, model.values())))
+            old.segment.retire()
+        action = rng.random()
+        present = [(h, o) for h, offsets in model.items() for o in offsets]
+        if action < 0.5 or not present:
+            h, offset = rng.randrange(hash_range), step * 16
+            index.insert(h, offset)
+            model.setdefault(h, set()).add(offset)
+        elif action < 0.7:
+            h, offset = rng.choice(present)
+            index.replace(h, offset, step * 16 + 8)
+            model[h].remove(offset)
+            model[h].add(step * 16 + 8)
+        else:
+            h, offset = rng.choice(present)
+            index.delete(h, offset)
+            model[h].remove(offset)
+            if not model[h]:
+                del model[h]
+        assert {h: sorted(o) for h, o in index.entries().items()} == \
+            {h: sorted(o) for h, o in model.items()}
+    index.segment.retire()
+
+
+# -- a published store against the dict model ---------------------------------------------------
+
+
+class PublishedStoreMachine(StoreMachine):
+    """The record store model with both namespaces published: after every step, every key
+    read through the client's local reader gives what the model holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store.local = LocalReadDirectory(self.prefix, UUID, 2)
+        self.reader, self.member = reader_for(self.prefix)
+        self.reader_hash = client_reads.key_hash
+        if self.hash_override is not None:
+            client_reads.key_hash = self.hash_override
+
+    @initialize()
+    def start(self) -> None:
+        assert list_segments(self.prefix) == [f"{self.prefix}-local"]
+        assert self.store.publish("a")
+
+    @rule()
+    def publish_b(self) -> None:
+        assert self.store.publish("b")
+
+    @invariant()
+    def sizes_and_fragments_agree(self) -> None:
+        for (pid, namespace), fragment in self.model.items():
+            assert self.store.size(pid, namespace) == len(fragment)
+        self.store._check()  # compares each shared index with its fragment's dict
+        published = self.store.local.namespaces
+        shared = sum(1 for pid in self.store.partitions()
+                     for namespace in self.store.namespaces(pid) if namespace in published)
+        # Arenas, the shared indexes, the directory and one slot segment per namespace.
+        assert len(list_segments(self.prefix)) == \
+            fragment_count(self.store) + shared + 1 + len(published)
+
+    @invariant()
+    def local_reads_give_the_model(self) -> None:
+        serve_everything(self.store.local, 2)
+        for namespace in ("a", "b"):
+            for pid in (0, 1):
+                fragment = self.model.get((pid, namespace), {})
+                for key in {*KEYS, *fragment}:
+                    got = self.reader.get(namespace, key, pid, UUID, self.member)
+                    if namespace not in self.store.local.namespaces:
+                        assert got is UNPUBLISHED
+                    else:
+                        assert got == fragment.get(key), (namespace, pid, key)
+
+    def teardown(self) -> None:
+        try:
+            self.reader.close()
+        finally:
+            client_reads.key_hash = self.reader_hash
+            super().teardown()
+
+
+class CollidingPublishedStoreMachine(PublishedStoreMachine):
+    hash_override = staticmethod(lambda key: len(key) % 4)
+
+
+TestPublishedStoreModel = PublishedStoreMachine.TestCase
+TestPublishedStoreModel.settings = machine_settings
+TestCollidingPublishedStoreModel = CollidingPublishedStoreMachine.TestCase
+TestCollidingPublishedStoreModel.settings = settings(machine_settings, max_examples=30)
+
+
+# -- when the reader must not answer ------------------------------------------------------------
+
+
+@pytest.fixture
+def published(shm_prefix):
+    store = RecordStore(shm_prefix)
+    store.local = LocalReadDirectory(shm_prefix, UUID, 4)
+    reader, member = reader_for(shm_prefix)
+    try:
+        store.put(1, "m", b"k", b"v")
+        assert store.publish("m")
+        serve_everything(store.local, 4)
+        yield store, reader, member
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_the_reader_answers_what_the_store_holds(published) -> None:
+    store, reader, member = published
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"
+    assert reader.get("m", b"other", 1, UUID, member) is None
+    assert reader.get("m", b"k", 2, UUID, member) is None  # no fragment there: absent
+    assert reader.get("other map", b"k", 1, UUID, member) is UNPUBLISHED
+    assert reader.hits == 3
+
+
+def test_the_reader_refuses_an_unsettled_slot_an_unserved_partition_and_an_old_lease(
+        published) -> None:
+    store, reader, member = published
+    store.put(1, "m", b"k", b"v2")  # a write: unsettled until the member settles it
+    assert reader.get("m", b"k", 1, UUID, member) is MISS
+    store.settle(1, "m")
+    assert reader.get("m", b"k", 1, UUID, member) == b"v2"
+    store.local.set_served(1, False)  # the member's table moved the partition away
+    assert reader.get("m", b"k", 1, UUID, member) is MISS
+    store.local.set_served(1, True)
+    store.local.renew(time.monotonic() - 0.001)  # the membership lease ran out
+    assert reader.get("m", b"k", 1, UUID, member) is MISS
+    store.local.renew(math.inf)
+    assert reader.get("m", b"k", 1, UUID, member) == b"v2"
+
+
+def test_the_reader_refuses_another_member_and_a_fenced_one(published) -> None:
+    store, reader, member = published
+    other_uuid = "00000000-0000-0000-0000-000000000002"
+    assert reader.get("m", b"k", 1, other_uuid, member) is MISS  # a new process of the name
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"
+    assert fence(store.segment_prefix)  # what the supervisor does when the member dies
+    assert reader.get("m", b"k", 1, UUID, member) is MISS
+
+
+def test_a_seqlock_held_odd_is_never_read(published) -> None:
+    store, reader, member = published
+    slots = store.local.slots_of("m")
+    slots.begin(1)  # a write that never ends (the member died half way)
+    try:
+        assert reader.get("m", b"k", 1, UUID, member) is MISS
+    finally:
+        slots.end(1)
+    store.settle(1, "m")
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"
+
+
+# -- a writer process racing readers ------------------------------------------------------------
+
+KEY_COUNT = 40
+
+
+def _value(key: int, version: int, size: int) -> bytes:
+    """A value that proves itself: its key, version, size and a digest of all three."""
+    body = struct.pack("<IQ", key, version) * (size // 12 + 1)
+    body = body[:size]
+    return hashlib.blake2b(body, digest_size=16).digest() + body
+
+
+def _check_value(key: int, value: bytes, latest: int) -> None:
+    """A value read for ``key``: whole (not torn), of that key, and written (version at most
+    the writer's last)."""
+    digest, body = value[:16], value[16:]
+    assert hashlib.blake2b(body, digest_size=16).digest() == digest, "torn value"
+    found_key, version = struct.unpack_from("<IQ", body)
+    assert found_key == key, f"the value of key {found_key} read for key {key}"
+    assert version <= latest, f"version {version} was never written (last {latest})"
+
+
+def _writer(prefix: str, seconds: float, progress: object, big: bool) -> None:
+    """Overwrite, grow, shrink and remove keys as fast as possible; ``progress`` is the
+    last version started."""
+    rng = random.Random(1)
+    store = RecordStore(prefix, initial_segment_bytes=4096)
+    store.local = LocalReadDirectory(prefix, UUID, 1)
+    store.publish("m")
+    serve_everything(store.local, 1)
+    sizes = [70_000] if big else [12, 100, 100, 100, 700]
+    version = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            version += 1
+            progress.value = version
+            key = rng.randrange(KEY_COUNT)
+            if rng.random() < 0.1:
+                store.remove(0, "m", key.to_bytes(4, "little"))
+            else:
+                store.put(0, "m", key.to_bytes(4, "little"),
+                          _value(key, version, rng.choice(sizes)))
+            store.settle(0, "m")
+    finally:
+        store.close()
+
+
+def _race(prefix: str, seconds: float, read: object, big: bool = False) -> tuple[int, int]:
+    """Run the writer in a process while ``read(reader, member, key)`` runs here; every value
+    read is checked. Returns (values checked, reads that gave up)."""
+    ctx = multiprocess.get_context("fork")
+    progress = ctx.Value("Q", 0, lock=False)
+    writer = ctx.Process(target=_writer, args=(prefix, seconds, progress, big))
+    writer.start()
+    reader, member = reader_for(prefix)
+    checked = gave_up = 0
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and writer.is_alive():
+            key = random.randrange(KEY_COUNT)
+            value = read(reader, member, key)
+            if value is MISS or value is UNPUBLISHED:
+                gave_up += 1
+            elif value is not None:
+                _check_value(key, value, progress.value)
+                checked += 1
+    finally:
+        reader.close()
+        writer.join(timeout=seconds + 10)
+        if writer.is_alive():
+            writer.kill()
+        remove_segments(prefix)
+    assert writer.exitcode == 0
+    return checked, gave_up
+
+
+def _local_get(reader: LocalReader, member: str, key: int) -> object:
+    return reader.get("m", key.to_bytes(4, "little"), 0, UUID, member)
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small-values", "70KB-values"])
+def test_readers_racing_a_writer_never_see_a_torn_or_invented_value(big) -> None:
+    checked, gave_up = _race(unique_prefix(), 3.0, _local_get, big)
+    assert checked > 1000, f"only {checked} values read ({gave_up} gave up)"
+
+
+def _unchecked_get(reader: LocalReader, member: str, key: int) -> object:
+    """A broken reader: the probe without the seqlock check around it."""
+    view = reader._views.get(member)
+    if view is None:
+        return _local_get(reader, member, key)  # opens the directory
+    slots = view.slots_of("m")
+    if slots is None:
+        return MISS
+    _, _, arena_1, index_1 = SLOT.unpack_from(slots, 0)
+    if not arena_1:
+        return MISS
+    try:
+        value = probe(view.segment(index_1 - 1), view.segment(arena_1 - 1),
+                      record_store.key_hash(key.to_bytes(4, "little")),
+                      key.to_bytes(4, "little"))
+    except (struct.error, IndexError, ValueError, OSError):
+        return MISS
+    return MISS if value is RETRY else value
+
+
+def test_the_race_catches_a_reader_that_skips_the_seqlock() -> None:
+    """The teeth of the test above: without the seqlock check, a reader does see torn values
+    (large values overwritten in place take long enough to copy)."""
+    with pytest.raises(AssertionError, match="torn value|read for key|never written"):
+        for _ in range(5):
+            _race(unique_prefix(), 3.0, _unchecked_get, big=True)
+
+
+def test_seq_stays_even_after_every_store_operation(published) -> None:
+    store, _, _ = published
+    slots = store.local.slots_of("m")
+    store.put_many(1, "m", [(b"%d" % i, b"x" * i) for i in range(200)])  # grows the index
+    store.remove(1, "m", b"5")
+    store.clear(1, "m")
+    assert SEQ.unpack_from(slots.mm, SLOT.size * 1)[0] % 2 == 0

@@ -1,0 +1,330 @@
+"""The member's side of local reads: it keeps the directory and the shared indexes that let a
+client on this host read a published map's records without a message (the layout is in
+grid/local_reads.py).
+
+- ``LocalReadDirectory`` owns ``{prefix}-local`` and one slot segment per published
+  namespace. The member writes its lease (``renew``), which partitions it serves
+  (``set_served``) and which (partition, namespace) slots are settled (``settle``).
+- ``SharedFragment`` binds one fragment of the record store to its slot: the record store
+  brackets every change of the fragment with ``begin`` / ``end`` (the seqlock, which also
+  clears ``settled``) and tells it where records went (``placed``, ``removed``, ``moved``).
+- ``SharedIndex`` is the open-addressing copy of the fragment's dict index, in a segment of
+  the store (so it is named ``{prefix}-{n}`` and unlinked with the rest).
+
+Only the member's main thread calls these, as it does the record store.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+
+from grid.local_reads import (
+    DIRECTORY_MAGIC,
+    FENCED_OFFSET,
+    HEADER,
+    INDEX_ENTRY,
+    INDEX_HEADER,
+    NAME_BYTES,
+    NAME_LENGTH,
+    NAMESPACE_COUNT_OFFSET,
+    SEQ,
+    SLOT,
+    VALID_UNTIL,
+    VALID_UNTIL_OFFSET,
+    directory_bytes,
+    directory_name,
+    map_segment,
+    names_offset,
+    namespace_name,
+    served_offset,
+)
+from workers.shm import Segment, unlink_segment
+
+NewSegment = Callable[[int], Segment]  # RecordStore.new_segment: the next {prefix}-{n}
+
+__all__ = ["LocalReadDirectory", "SharedFragment", "SharedIndex", "fence"]
+
+NAMESPACE_CAPACITY = 256
+INDEX_CAPACITY_MIN = 16
+_SETTLED_OFFSET = 8
+_SEGMENTS_OFFSET = 16
+_SEGMENTS = INDEX_HEADER  # two u64: arena + 1, index + 1
+_U64 = SEQ
+
+
+def _capacity_for(count: int) -> int:
+    """A power of two with the table at most half full after one more entry."""
+    capacity = INDEX_CAPACITY_MIN
+    while capacity < 2 * (count + 1):
+        capacity *= 2
+    return capacity
+
+
+class SharedIndex:
+    """Key hash -> record offset, in a segment a reader probes (linear probing)."""
+
+    __slots__ = ("segment", "mm", "capacity", "mask", "count")
+
+    def __init__(self, segment: Segment, capacity: int) -> None:
+        self.segment = segment
+        self.mm = segment.mm
+        self.capacity = capacity
+        self.mask = capacity - 1
+        self.count = 0
+
+    @classmethod
+    def build(cls, new_segment: NewSegment, entries: dict[int, int | tuple[int, ...]],
+              count: int) -> SharedIndex:
+        """A table of every (hash, offset) in a fragment's dict index, written in one copy."""
+        capacity = _capacity_for(count)
+        segment = new_segment(INDEX_HEADER.size + INDEX_ENTRY.size * capacity)
+        table = array("Q", bytes(16 * capacity))
+        mask = capacity - 1
+        for h, entry in entries.items():
+            for offset in (entry,) if entry.__class__ is int else entry:  # type: ignore[union-attr]
+                i = h & mask
+                while table[2 * i + 1]:
+                    i = (i + 1) & mask
+                table[2 * i] = h
+                table[2 * i + 1] = offset + 1
+        shared = cls(segment, capacity)
+        shared.count = count
+        INDEX_HEADER.pack_into(shared.mm, 0, capacity, count)
+        with memoryview(table) as view:
+            shared.mm[INDEX_HEADER.size:] = view.cast("B")
+        return shared
+
+    def full(self) -> bool:
+        return 2 * (self.count + 1) > self.capacity
+
+    def _find(self, h: int, offset: int) -> int:
+        """The entry number holding (h, offset); it must be there."""
+        mm, mask, target = self.mm, self.mask, offset + 1
+        unpack = INDEX_ENTRY.unpack_from
+        i = h & mask
+        for _ in range(self.capacity):
+            entry_hash, offset_1 = unpack(mm, 16 + 16 * i)
+            if offset_1 == target and entry_hash == h:
+                return i
+            if offset_1 == 0:
+                break
+            i = (i + 1) & mask
+        raise LookupError(f"shared index has no entry for hash {h:#x} at offset {offset}")
+
+    def insert(self, h: int, offset: int) -> None:
+        mm, mask = self.mm, self.mask
+        unpack = INDEX_ENTRY.unpack_from
+        i = h & mask
+        while unpack(mm, 16 + 16 * i)[1]:
+            i = (i + 1) & mask
+        INDEX_ENTRY.pack_into(mm, 16 + 16 * i, h, offset + 1)
+        self.count += 1
+        _U64.pack_into(mm, 8, self.count)
+
+    def replace(self, h: int, old: int, new: int) -> None:
+        _U64.pack_into(self.mm, 16 + 16 * self._find(h, old) + 8, new + 1)
+
+    def delete(self, h: int, offset: int) -> None:
+        """Remove (h, offset) and shift later entries of the run back (no tombstones)."""
+        mm, mask = self.mm, self.mask
+        unpack, pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
+        hole = self._find(h, offset)
+        j = hole
+        while True:
+            j = (j + 1) & mask
+            entry_hash, offset_1 = unpack(mm, 16 + 16 * j)
+            if offset_1 == 0:
+                break
+            home = entry_hash & mask
+            # The entry at j may fill the hole unless its home lies cyclically in (hole, j].
+            if (hole < j and hole < home <= j) or (hole > j and (home > hole or home <= j)):
+                continue
+            pack(mm, 16 + 16 * hole, entry_hash, offset_1)
+            hole = j
+        pack(mm, 16 + 16 * hole, 0, 0)
+        self.count -= 1
+        _U64.pack_into(mm, 8, self.count)
+
+    def entries(self) -> dict[int, list[int]]:
+        """hash -> offsets, read back from the segment (tests)."""
+        out: dict[int, list[int]] = {}
+        for i in range(self.capacity):
+            entry_hash, offset_1 = INDEX_ENTRY.unpack_from(self.mm, 16 + 16 * i)
+            if offset_1:
+                out.setdefault(entry_hash, []).append(offset_1 - 1)
+        return out
+
+
+class NamespaceSlots:
+    """The slot segment of one published namespace: a seqlock and pointers per partition."""
+
+    __slots__ = ("segment", "mm", "seqs")
+
+    def __init__(self, segment: Segment, partition_count: int) -> None:
+        self.segment = segment
+        self.mm = segment.mm
+        self.seqs = [0] * partition_count
+
+    def begin(self, pid: int) -> None:
+        """A change of the fragment starts: readers retry, and it is not settled."""
+        seq = self.seqs[pid] = self.seqs[pid] + 1
+        INDEX_HEADER.pack_into(self.mm, SLOT.size * pid, seq, 0)
+
+    def end(self, pid: int) -> None:
+        seq = self.seqs[pid] = self.seqs[pid] + 1
+        _U64.pack_into(self.mm, SLOT.size * pid, seq)
+
+    def point(self, pid: int, arena: int, index: int) -> None:
+        """Inside begin/end: the fragment's records and index are in these segment numbers
+        (-1, -1: there is no fragment)."""
+        _SEGMENTS.pack_into(self.mm, SLOT.size * pid + _SEGMENTS_OFFSET, arena + 1, index + 1)
+
+    def settle(self, pid: int, settled: bool = True) -> None:
+        _U64.pack_into(self.mm, SLOT.size * pid + _SETTLED_OFFSET, 1 if settled else 0)
+
+
+def _segment_number(segment: Segment) -> int:
+    return int(segment.name.rsplit("-", 1)[1])
+
+
+class SharedFragment:
+    """One fragment's published state: its slot and its shared index."""
+
+    __slots__ = ("slots", "pid", "index", "new_segment")
+
+    def __init__(self, slots: NamespaceSlots, pid: int, new_segment: NewSegment) -> None:
+        self.slots = slots
+        self.pid = pid
+        self.index: SharedIndex | None = None
+        self.new_segment = new_segment
+
+    def begin(self) -> None:
+        self.slots.begin(self.pid)
+
+    def end(self) -> None:
+        self.slots.end(self.pid)
+
+    def moved(self, arena: Segment, entries: dict[int, int | tuple[int, ...]],
+              count: int) -> None:
+        """Inside begin/end: the records are (now) in ``arena``, indexed by ``entries``."""
+        old, self.index = self.index, SharedIndex.build(self.new_segment, entries, count)
+        self.slots.point(self.pid, _segment_number(arena), _segment_number(self.index.segment))
+        if old is not None:
+            old.segment.retire()
+
+    def placed(self, fragment: object, h: int, old: int, new: int) -> None:
+        """Inside begin/end: the record with hash ``h`` at ``old`` (-1: a new key) is at
+        ``new`` now."""
+        index = self.index
+        if old >= 0:
+            index.replace(h, old, new)  # type: ignore[union-attr]
+        elif index.full():  # type: ignore[union-attr]
+            # Grow by building again from the dict (which already holds the new record).
+            self.moved(fragment.segment, fragment.index, fragment.count)  # type: ignore[attr-defined]
+        else:
+            index.insert(h, new)  # type: ignore[union-attr]
+
+    def removed(self, h: int, offset: int) -> None:
+        self.index.delete(h, offset)  # type: ignore[union-attr]
+
+    def unpublish(self) -> None:
+        """The fragment leaves its slot (dropped, cleared, replaced or moved)."""
+        self.begin()
+        self.slots.point(self.pid, -1, -1)
+        self.end()
+        if self.index is not None:
+            self.index.segment.retire()
+            self.index = None
+
+
+class LocalReadDirectory:
+    """``{prefix}-local`` and the slot segments of the namespaces published on this member."""
+
+    def __init__(self, prefix: str, member_uuid: str, partition_count: int,
+                 namespace_capacity: int = NAMESPACE_CAPACITY) -> None:
+        self.prefix = prefix
+        self.partition_count = partition_count
+        self.namespace_capacity = namespace_capacity
+        name = directory_name(prefix)
+        unlink_segment(name)  # a stale one of an earlier process with this name
+        self.segment = Segment(name, directory_bytes(partition_count, namespace_capacity))
+        self.mm = self.segment.mm
+        self.namespaces: dict[str, NamespaceSlots] = {}
+        self.served = bytearray(partition_count)
+        HEADER.pack_into(self.mm, 0, DIRECTORY_MAGIC, 0.0, 0, partition_count,
+                         namespace_capacity, member_uuid.encode()[:48], 0)
+        self.closed = False
+
+    def slots_of(self, namespace: str) -> NamespaceSlots | None:
+        return self.namespaces.get(namespace)
+
+    def publish(self, namespace: str) -> NamespaceSlots | None:
+        """Give ``namespace`` a slot segment (None when it cannot have one: the name is too
+        long or the directory is full). Its slots start unsettled, pointing at nothing."""
+        slots = self.namespaces.get(namespace)
+        if slots is not None or self.closed:
+            return slots
+        name = namespace.encode()
+        k = len(self.namespaces)
+        if len(name) > NAME_BYTES - NAME_LENGTH.size or k >= self.namespace_capacity:
+            return None
+        segment_name = namespace_name(self.prefix, k)
+        unlink_segment(segment_name)
+        slots = NamespaceSlots(Segment(segment_name, SLOT.size * self.partition_count),
+                               self.partition_count)
+        at = names_offset(self.partition_count) + k * NAME_BYTES
+        NAME_LENGTH.pack_into(self.mm, at, len(name))
+        self.mm[at + NAME_LENGTH.size:at + NAME_LENGTH.size + len(name)] = name
+        self.namespaces[namespace] = slots
+        _U64.pack_into(self.mm, NAMESPACE_COUNT_OFFSET, k + 1)  # last: the name is written
+        return slots
+
+    def renew(self, valid_until: float) -> None:
+        """Until when (CLOCK_MONOTONIC) readers may trust what this member serves."""
+        if not self.closed:
+            VALID_UNTIL.pack_into(self.mm, VALID_UNTIL_OFFSET, valid_until)
+
+    def set_served(self, pid: int, served: bool) -> None:
+        value = 1 if served else 0
+        if self.served[pid] != value and not self.closed:
+            self.served[pid] = value
+            self.mm[served_offset(pid)] = value
+
+    def settle(self, namespace: str, pid: int) -> None:
+        slots = self.namespaces.get(namespace)
+        if slots is not None:
+            slots.settle(pid)
+
+    def fence(self) -> None:
+        """No reader trusts this directory again (the member is closing)."""
+        if not self.closed:
+            _U64.pack_into(self.mm, FENCED_OFFSET, 1)
+
+    def unsettle(self, pid: int) -> None:
+        """The partition stopped being served here: none of its slots is settled."""
+        for slots in self.namespaces.values():
+            slots.settle(pid, False)
+
+    def close(self) -> None:
+        """Fence, then unlink every segment of the directory. Idempotent."""
+        if self.closed:
+            return
+        self.fence()
+        self.closed = True
+        for slots in self.namespaces.values():
+            slots.segment.retire()
+        self.segment.retire()
+
+
+def fence(prefix: str) -> bool:
+    """Mark a dead member's directory fenced, so that no client reads its memory again; the
+    supervisor calls this before it tells anyone of the death. False when there is none."""
+    try:
+        mm = map_segment(directory_name(prefix), writable=True)
+    except FileNotFoundError:
+        return False
+    with mm:
+        if len(mm) >= HEADER.size and mm[:8] == DIRECTORY_MAGIC:
+            _U64.pack_into(mm, FENCED_OFFSET, 1)
+    return True

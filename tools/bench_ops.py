@@ -40,7 +40,9 @@ ROWS = [("single get", "get", "GET"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
         ("batches of 100, reads", "get_all", "mget_nonatomic"),
-        ("  against one hash tag", "get_all", "MGET, one hash tag")]
+        ("  against one hash tag", "get_all", "MGET, one hash tag"),
+        ("batches of 100, reads, local reads", "get_all, local reads", "mget_nonatomic"),
+        ("  against one hash tag", "get_all, local reads", "MGET, one hash tag")]
 
 
 def measure(fn: Callable[[int], object], seconds: float, per_call: int) -> tuple[float, float]:
@@ -77,6 +79,9 @@ def grid_rows(cluster_name: str, keys: list[str], value: bytes, seconds: float
         }
         # Last: a published map stays published, and its writes keep the shared index.
         rows["get, local reads"] = local_get_row(client, keys, seconds)
+        local = client.get_map("bench_ops", local_reads=True)
+        rows["get_all, local reads"] = measure(lambda i: local.get_all(batches[i % b]),
+                                               seconds, BATCH)
         rows["put, published"] = measure(lambda i: m.put(keys[i % n], value), seconds, 1)
         rows["put_all, published"] = measure(
             lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), seconds, BATCH)

@@ -773,6 +773,7 @@ class ClusterService:
         we go when we learn of it, or after graceful_shutdown_max_wait."""
         if self.leave_started is None:
             self.leave_started = self.member.now()
+            self.member.maps.renew_local_reads()  # before the master hears we leave
             log.info("leaving gracefully: asking the master to move our replicas away")
 
     def _leave_tick(self, now: float) -> None:

@@ -27,6 +27,7 @@ The guarantees, and where each is kept:
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -703,14 +704,23 @@ class MapService:
 
     def on_lease_renewed(self) -> None:
         """Writes that wait for this member's lease (they rest on it alone) may go now."""
-        if self.store.local is not None:
-            self.store.local.renew(self.member.cluster.lease_until())
+        self.renew_local_reads()
         if self.lease_waiting and self.member.cluster.lease_valid():
             waiting, self.lease_waiting = self.lease_waiting, []
             for ticket in waiting:
                 self._settle(ticket)
 
     # -- local reads (workers/local_reads.py) ----------------------------------------------
+
+    def renew_local_reads(self) -> None:
+        """Tell local readers until when they may trust this member: its membership lease
+        (nobody can remove it before), but not at all once it asked to leave, since the
+        master may then remove it at any moment, however recently it heard from it."""
+        local = self.store.local
+        if local is not None:
+            cluster = self.member.cluster
+            local.renew(-math.inf if cluster.leave_started is not None
+                        else cluster.lease_until())
 
     def publish(self, ns: str) -> None:
         """A client on this host reads ``ns`` locally: publish its fragments, and settle

@@ -17,7 +17,7 @@ import msgpack
 
 from grid import protocol as p
 from grid.client.invocation import Invoker
-from grid.client.local_reads import UNPUBLISHED, LocalReader
+from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
 from grid.errors import ValueTooLargeError
 from grid.serialization import (
     INT32_MIN,
@@ -116,27 +116,32 @@ class Map:
         if self._local is None:
             return self._value_of(self._key_op(p.GET, key))
         key_bytes = serialize_key(key)
+        if self._invoker.table is None:
+            self._invoker.refresh()
+        value, publish = self._local_get(key_bytes, self._invoker.table.partition_count)
+        if value.__class__ is bytes:
+            return deserialize_value(value)
+        if value is None:
+            return None
+        extra = {"publish": True} if publish else {}
+        return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
+
+    def _local_get(self, key_bytes: bytes, partition_count: int) -> tuple[Any, bool]:
+        """A local read of the key (its value's bytes, None, or MISS / UNPUBLISHED), and
+        whether the get that replaces a miss should ask the owner to publish the map."""
         invoker = self._invoker
-        if invoker.table is None:
-            invoker.refresh()
-        pid = partition_id_of(key_bytes, invoker.table.partition_count)
+        pid = partition_id_of(key_bytes, partition_count)
         owner = invoker.table.owner(pid)
         members, names = self._member_names
         if members is not invoker.members:
             names = {m.uuid: m.name for m in invoker.members.members}
             self._member_names = (invoker.members, names)
         name = names.get(owner) if owner is not None else None
-        extra = {}
-        if name is not None:
-            value = self._local.get(self.name, key_bytes, pid, owner, name)
-            if value.__class__ is bytes:
-                return deserialize_value(value)
-            if value is None:
-                return None
-            if value is UNPUBLISHED and self._local.should_ask_to_publish(
-                    name, self.name, time.monotonic()):
-                extra["publish"] = True
-        return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
+        if name is None:
+            return MISS, False
+        value = self._local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
+        return value, value is UNPUBLISHED and self._local.should_ask_to_publish(  # type: ignore[union-attr]
+            name, self.name, time.monotonic())
 
     def put(self, key: object, value: object) -> Any:
         """Store ``value`` under ``key``; returns the previous value or None."""
@@ -228,13 +233,30 @@ class Map:
                                         lambda group, header, reply: None)
 
     def get_all(self, keys: Iterable[object]) -> dict[Any, Any]:
-        """The present entries among ``keys``: one message per owning member."""
+        """The present entries among ``keys``: one message per owning member (with local
+        reads on, only for the keys that could not be read from shared memory)."""
         count = self._partition_count
         by_pid: dict[int, list[bytes]] = defaultdict(list)
+        result: dict[Any, Any] = {}
+        local = self._local
         for key in keys:
             key_bytes = serialize_key(key)
+            if local is not None:
+                value, publish = self._local_get(key_bytes, count)
+                if value.__class__ is bytes:
+                    result[key] = deserialize_value(value)
+                    continue
+                if value is None:
+                    continue
+                if publish:  # a get that asks the owner to publish the map
+                    found = self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes,
+                                                        publish=True))
+                    if found is not None:
+                        result[key] = found
+                    continue
             by_pid[partition_id_of(key_bytes, count)].append(key_bytes)
-        result: dict[Any, Any] = {}
+        if not by_pid:
+            return result
 
         def build(group: list[int]) -> tuple[dict, list]:
             items = [k for pid in group for k in by_pid[pid]]

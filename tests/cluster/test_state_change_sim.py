@@ -37,7 +37,9 @@ def run_race(seed: int, race: str) -> None:
         if race == "join":
             net.add_node([master.info.endpoint])
         elif race == "leave":
-            probe.send(master, p.LEAVE, [], uuid=rng.choice(others).info.uuid, k=secret)
+            # As SIGTERM does: the member asks to leave (it stops vouching for local reads
+            # first, since the master may then remove it at once).
+            rng.choice(others).cluster.request_leave()
         elif race == "kill":
             net.kill(rng.choice(others), "race")
         elif race == "kill-master":

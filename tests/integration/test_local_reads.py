@@ -116,6 +116,10 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
         # The first get of a map from each owner asks it to publish the map, and a member
         # serves local reads once it holds its membership lease (within a heartbeat).
         _wait(lambda: sweep() == 500, what="every owner to publish the map")
+        hits = local._local.hits
+        assert local.get_all([f"k{i}" for i in range(500)] + ["absent"]) == \
+            {f"k{i}": {"i": i} for i in range(500)}
+        assert local._local.hits - hits == 501
         source.put("k1", "new")
         source.remove("k2")
         assert local.get("k1") == "new" and local.get("k2") is None

@@ -47,12 +47,14 @@ import _posixshmem
 import mmap
 import os
 import struct
+from array import array
 
 import mmh3
 
 __all__ = ["DIRECTORY_MAGIC", "HEADER", "INDEX_ENTRY", "INDEX_HEADER", "NAME_BYTES", "RETRY",
            "SLOT", "directory_bytes", "directory_name", "key_hash", "map_segment",
-           "names_offset", "namespace_name", "probe", "segment_name", "served_offset"]
+           "names_offset", "namespace_name", "probe", "records", "segment_name",
+           "served_offset"]
 
 DIRECTORY_MAGIC = b"SHMGLR1\0"
 HEADER = struct.Struct("<8sdQII48sQ")  # magic, valid_until, fenced, pc, capacity, uuid, count
@@ -112,6 +114,28 @@ def names_offset(partition_count: int) -> int:
 
 def directory_bytes(partition_count: int, namespace_capacity: int) -> int:
     return names_offset(partition_count) + namespace_capacity * NAME_BYTES
+
+
+def records(index: object, arena: object) -> tuple[bytes, int] | object:
+    """Every record of a fragment, keys and values laid end to end in offset order, and how
+    many; or RETRY when what was read cannot be a state of the fragment."""
+    capacity = INDEX_HEADER.unpack_from(index, 0)[0]  # type: ignore[arg-type]
+    if capacity == 0 or capacity & (capacity - 1):
+        return RETRY
+    table = array("Q")
+    table.frombytes(index[INDEX_HEADER.size:INDEX_HEADER.size + 16 * capacity])  # type: ignore[index]
+    offsets = sorted(offset_1 - 1 for offset_1 in table[1::2] if offset_1)
+    unpack = RECORD_HEADER.unpack_from
+    parts = []
+    append = parts.append
+    for offset in offsets:
+        key_size, value_size = unpack(arena, offset)  # type: ignore[arg-type]
+        start = offset + 8
+        part = arena[start:start + key_size + value_size]  # type: ignore[index]
+        if len(part) != key_size + value_size:
+            return RETRY
+        append(part)
+    return b"".join(parts), len(parts)
 
 
 def probe(index: object, arena: object, h: int, key: bytes) -> bytes | None | object:

@@ -11,6 +11,9 @@ Rows are a 10-character string key and a `--value-bytes` binary value. In one Sp
   footers without reading any rows, so its count is not a like-for-like read);
 - read every row: the same two reads into Spark's `noop` sink, which materialises all columns.
 
+Each grid read runs twice: with local reads (the default on the grid's host: the owners'
+shared memory) and with the option local.reads=false (every partition asked of its owner).
+
 It prints rows/s and the ratio grid / Parquet. It needs a running cluster: `shmgrid start
 --detach` (the local registry), or --address of a member.
 """
@@ -72,11 +75,12 @@ class Bench:
     def parquet_write(self, df) -> None:
         df.write.mode("overwrite").parquet(str(self.parquet))
 
-    def grid_frame(self):
+    def grid_frame(self, local_reads: bool = True):
         return (
             self.spark.read.format("shmgrid")
             .options(**self.options)
             .option("map", self.map_name)
+            .option("local.reads", str(local_reads).lower())
             .schema("key string, value binary")
             .load()
         )
@@ -105,8 +109,10 @@ def run(bench: Bench, df, rows: int, repeat: int) -> dict[str, list[float]]:
         timed("write grid overwrite", lambda: bench.grid_write(df, "overwrite"))
         timed("count parquet", lambda: bench.parquet_frame().count())
         timed("count grid", lambda: bench.grid_frame().count())
+        timed("count grid, no local", lambda: bench.grid_frame(local_reads=False).count())
         timed("read all parquet", lambda: _noop(bench.parquet_frame()))
         timed("read all grid", lambda: _noop(bench.grid_frame()))
+        timed("read all grid, no local", lambda: _noop(bench.grid_frame(local_reads=False)))
     counted = bench.grid_frame().count()
     if counted != rows:
         raise RuntimeError(f"count() of the grid map gave {counted}, not {rows}")
@@ -130,6 +136,8 @@ def report(timings: dict[str, list[float]], rows: int) -> str:
         ("write (overwrite) grid / parquet", "write grid overwrite", "write parquet"),
         ("count() grid / parquet", "count grid", "count parquet"),
         ("read all rows grid / parquet", "read all grid", "read all parquet"),
+        ("read all rows, local / not", "read all grid", "read all grid, no local"),
+        ("count(), local / not", "count grid", "count grid, no local"),
     ]
     for label, grid_name, parquet_name in pairs:
         lines.append(f"{label:<34} {rate(grid_name) / rate(parquet_name):6.2f}x")

@@ -153,8 +153,10 @@ class MapService:
             refusal = self._refusal(op, write)
             if refusal:
                 self.member.reply_error(ident, header, refusal[0], refusal[1], **refusal[2])
-            else:
-                handler(ident, header, frames)
+                return
+            if header.get("publish"):  # a client on this host reads the map locally
+                self.publish(self._ns(header))
+            handler(ident, header, frames)
         return checked
 
     # -- checks ----------------------------------------------------------------------------
@@ -296,8 +298,6 @@ class MapService:
             self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
             return
         if op == p.GET:
-            if header.get("publish"):
-                self.publish(ns)
             value = store.get(pid, ns, key)
             self._answer_after(ident, header, slots, [] if value is None else [value])
             return

@@ -45,6 +45,7 @@ from grid.local_reads import (
     names_offset,
     namespace_name,
     probe,
+    records,
     segment_name,
 )
 
@@ -140,26 +141,25 @@ class LocalReader:
     def get(self, namespace: str, key: bytes, pid: int, owner_uuid: str,
             owner_name: str) -> bytes | None | Any:
         """The value's bytes, None when absent, or MISS / UNPUBLISHED (ask the owner)."""
-        view = self._views.get(owner_name)
-        if view is None or view.uuid != owner_uuid:
-            view = self._open(owner_name, owner_uuid)
-            if view is None:
-                self.misses += 1
-                return MISS
-        mm = view.mm
-        valid_until, fenced = STATE.unpack_from(mm, VALID_UNTIL_OFFSET)
-        if fenced:
-            self._drop(owner_name)
+        return self._read(namespace, pid, owner_uuid, owner_name, None, probe,
+                          key_hash(key), key)
+
+    def scan(self, namespace: str, pid: int, owner_uuid: str, owner_name: str
+             ) -> tuple[bytes, int] | Any:
+        """The partition's keys and values laid end to end (k1 v1 k2 v2 ..., as a member's
+        ENTRIES reply has them) and the record count: one state of the fragment, under the
+        same conditions as ``get``. Or MISS / UNPUBLISHED."""
+        return self._read(namespace, pid, owner_uuid, owner_name, (b"", 0), records)
+
+    def _read(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
+              empty: Any, read: Any, *args: Any) -> Any:
+        """``read(index, arena, *args)`` of the owner's fragment inside its seqlock (``empty``
+        when there is no fragment), or MISS / UNPUBLISHED."""
+        slots = self._checked_slots(namespace, pid, owner_uuid, owner_name)
+        if slots is None or slots is UNPUBLISHED:
             self.misses += 1
-            return MISS
-        slots = view.slots_of(namespace)
-        if slots is None:
-            self.misses += 1
-            return UNPUBLISHED
-        if time.monotonic() >= valid_until or mm[view.served + pid] != 1:
-            self.misses += 1
-            return MISS
-        h = key_hash(key)
+            return MISS if slots is None else UNPUBLISHED
+        view = self._views[owner_name]
         base = SLOT.size * pid
         for _ in range(ATTEMPTS):
             seq, settled, arena_1, index_1 = SLOT.unpack_from(slots, base)
@@ -168,17 +168,17 @@ class LocalReader:
             if not settled:
                 break
             if arena_1 == 0:
-                value = None
+                result = empty
             else:
                 try:
                     if view.pointing.get((namespace, pid)) != (arena_1, index_1):
                         view.repoint((namespace, pid), (arena_1, index_1))
-                    value = probe(view.segment(index_1 - 1), view.segment(arena_1 - 1), h, key)
+                    result = read(view.segment(index_1 - 1), view.segment(arena_1 - 1), *args)
                 except _READ_ERRORS:
-                    value = RETRY  # a segment retired meanwhile, or bytes being rewritten
-            if value is not RETRY and _U64.unpack_from(slots, base)[0] == seq:
+                    result = RETRY  # a segment retired meanwhile, or bytes being rewritten
+            if result is not RETRY and _U64.unpack_from(slots, base)[0] == seq:
                 self.hits += 1
-                return value
+                return result
         self.misses += 1
         return MISS
 
@@ -189,6 +189,28 @@ class LocalReader:
             return False
         self._asked[key] = now
         return True
+
+    def _checked_slots(self, namespace: str, pid: int, owner_uuid: str, owner_name: str
+                       ) -> mmap.mmap | None | Any:
+        """The namespace's slot segment on the owner when the owner may be read now (its
+        directory is this process's, not fenced, within its lease, serving ``pid``); None
+        when not, UNPUBLISHED when the owner does not publish the namespace."""
+        view = self._views.get(owner_name)
+        if view is None or view.uuid != owner_uuid:
+            view = self._open(owner_name, owner_uuid)
+            if view is None:
+                return None
+        mm = view.mm
+        valid_until, fenced = STATE.unpack_from(mm, VALID_UNTIL_OFFSET)
+        if fenced:
+            self._drop(owner_name)
+            return None
+        slots = view.slots_of(namespace)
+        if slots is None:
+            return UNPUBLISHED
+        if time.monotonic() >= valid_until or mm[view.served + pid] != 1:
+            return None
+        return slots
 
     def _open(self, name: str, uuid: str) -> _MemberView | None:
         self._drop(name)

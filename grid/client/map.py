@@ -128,9 +128,13 @@ class Map:
 
     def _local_get(self, key_bytes: bytes, partition_count: int) -> tuple[Any, bool]:
         """A local read of the key (its value's bytes, None, or MISS / UNPUBLISHED), and
-        whether the get that replaces a miss should ask the owner to publish the map."""
+        whether the request that replaces a miss should ask the owner to publish the map."""
+        return self._local_read(partition_id_of(key_bytes, partition_count), key_bytes)
+
+    def _local_read(self, pid: int, key_bytes: bytes | None) -> tuple[Any, bool]:
+        """A local get of ``key_bytes``, or with None a local scan of the partition (see
+        LocalReader), and whether to ask the owner to publish the map."""
         invoker = self._invoker
-        pid = partition_id_of(key_bytes, partition_count)
         owner = invoker.table.owner(pid)
         members, names = self._member_names
         if members is not invoker.members:
@@ -139,8 +143,12 @@ class Map:
         name = names.get(owner) if owner is not None else None
         if name is None:
             return MISS, False
-        value = self._local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
-        return value, value is UNPUBLISHED and self._local.should_ask_to_publish(  # type: ignore[union-attr]
+        local = self._local
+        if key_bytes is None:
+            value = local.scan(self.name, pid, owner, name)  # type: ignore[union-attr]
+        else:
+            value = local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
+        return value, value is UNPUBLISHED and local.should_ask_to_publish(  # type: ignore[union-attr]
             name, self.name, time.monotonic())
 
     def put(self, key: object, value: object) -> Any:
@@ -239,29 +247,27 @@ class Map:
         by_pid: dict[int, list[bytes]] = defaultdict(list)
         result: dict[Any, Any] = {}
         local = self._local
+        publish = False  # ask the owners to publish the map (a local read found it not)
         for key in keys:
             key_bytes = serialize_key(key)
             if local is not None:
-                value, publish = self._local_get(key_bytes, count)
+                value, ask = self._local_get(key_bytes, count)
                 if value.__class__ is bytes:
                     result[key] = deserialize_value(value)
                     continue
                 if value is None:
                     continue
-                if publish:  # a get that asks the owner to publish the map
-                    found = self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes,
-                                                        publish=True))
-                    if found is not None:
-                        result[key] = found
-                    continue
+                publish = publish or ask
             by_pid[partition_id_of(key_bytes, count)].append(key_bytes)
         if not by_pid:
             return result
+        extra = {"publish": True} if publish else {}
 
         def build(group: list[int]) -> tuple[dict, list]:
             items = [k for pid in group for k in by_pid[pid]]
             counts = [len(by_pid[pid]) for pid in group]
-            return {"ns": self.name, "pids": group, "counts": counts}, [p.pack_items(items)]
+            return {"ns": self.name, "pids": group, "counts": counts, **extra}, \
+                [p.pack_items(items)]
 
         def handle(group: list[int], header: dict, frames: list[bytes]) -> None:
             flat = decode_concatenated(frames[0], header.get("n", 0)) if frames else []
@@ -281,6 +287,8 @@ class Map:
         pids = list(partition_ids)
         keys: list = []
         values: list = []
+        if self._local is not None and self._invoker.table is None:
+            self._invoker.refresh()
         for at in range(0, len(pids), SCAN_PARTITIONS_PER_REQUEST):
             decoded: list[list] = []
 
@@ -290,9 +298,16 @@ class Map:
                     if n:
                         decoded.append(decode_concatenated(frame, n))
 
-            self._invoker.invoke_partitions(
-                p.ENTRIES, pids[at:at + SCAN_PARTITIONS_PER_REQUEST],
-                lambda group: ({"ns": self.name, "pids": group}, []), handle)
+            remote = pids[at:at + SCAN_PARTITIONS_PER_REQUEST]
+            fields: dict[str, Any] = {"ns": self.name}
+            if self._local is not None:  # read what can be read from shared memory
+                remote, publish = self._scan_locally(remote, decoded)
+                if publish:
+                    fields["publish"] = True
+            if remote:
+                self._invoker.invoke_partitions(
+                    p.ENTRIES, remote,
+                    lambda group, fields=fields: ({**fields, "pids": group}, []), handle)
             for flat in decoded:
                 batch_keys = flat[0::2]
                 if list in set(map(type, batch_keys)):  # tuple keys came back as lists
@@ -304,6 +319,21 @@ class Map:
                     keys, values = [], []
         if keys:
             yield keys, values
+
+    def _scan_locally(self, pids: list[int], decoded: list[list]) -> tuple[list[int], bool]:
+        """Decode into ``decoded`` the partitions read from shared memory; return the ones
+        to ask their owners for, and whether to ask them to publish the map."""
+        remote, publish = [], False
+        for pid in pids:
+            found, ask = self._local_read(pid, None)
+            if found.__class__ is tuple:
+                data, count = found
+                if count:
+                    decoded.append(decode_concatenated(data, 2 * count))
+            else:
+                remote.append(pid)
+                publish = publish or ask
+        return remote, publish
 
     def items(self) -> list[tuple[Any, Any]]:
         out = []

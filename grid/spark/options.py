@@ -39,6 +39,7 @@ known_option_names = frozenset(
         "sample.size",
         "num.partitions",
         "filter.pushdown",
+        "local.reads",
         "staging.ttl",
         "path",  # .load(path) / .save(path): accepted as the map name
     }
@@ -61,6 +62,7 @@ class SourceOptions:
     num_partitions: int | None = None
     filter_pushdown: str = "auto"
     staging_ttl_s: float = staging_ttl_s_default
+    local_reads: bool = True
 
     def connect_args(self) -> tuple[str | None, str | None, str | None, float]:
         """The arguments that identify a cluster connection (the client cache key)."""
@@ -132,6 +134,11 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise ValueError(
             f"shmgrid option 'filter.pushdown' must be auto, true or false, got {pushdown!r}"
         )
+    local_reads = (_str_option(lowered, "local.reads") or "true").lower()
+    if local_reads not in ("true", "false"):
+        raise ValueError(
+            f"shmgrid option 'local.reads' must be true or false, got {local_reads!r}"
+        )
     num_partitions = None
     if _str_option(lowered, "num.partitions") is not None:
         num_partitions = _int_option(lowered, "num.partitions", 1, 1, num_partitions_max)
@@ -150,6 +157,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         num_partitions=num_partitions,
         filter_pushdown=pushdown,
         staging_ttl_s=_float_option(lowered, "staging.ttl", staging_ttl_s_default),
+        local_reads=local_reads == "true",
     )
 
 

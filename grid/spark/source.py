@@ -291,7 +291,8 @@ class ShmgridReader(DataSourceReader):
             return  # no keys matched the pushed filters: Spark's placeholder partition
         arrow_schema = _arrow_schema(self.schema)
         client = _client(self.options)
-        grid_map = client.get_map(self.options.map_name)
+        # On the grid's host, scans and key gets read the owners' shared memory.
+        grid_map = client.get_map(self.options.map_name, local_reads=self.options.local_reads)
         try:
             if isinstance(partition, GridScanPartition):
                 partition_ids = list(partition.partition_ids)

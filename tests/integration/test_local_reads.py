@@ -37,7 +37,8 @@ class CounterRace:
         self.failures: list[BaseException] = []
         self.reads = 0
         self.maps: list = []
-        self.threads = [threading.Thread(target=self._write, daemon=True)] + [
+        self.threads = [threading.Thread(target=self._write, daemon=True),
+                        threading.Thread(target=self._scan, daemon=True)] + [
             threading.Thread(target=self._read, args=(n,), daemon=True) for n in range(readers)]
 
     def _write(self) -> None:
@@ -69,6 +70,27 @@ class CounterRace:
                     self.reads += 1
                     assert low <= value <= high, \
                         f"key c{key}: read {value}, acknowledged {low}, last begun {high}"
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def _scan(self) -> None:
+        """Whole-map scans (from shared memory where they can): each key's value lies
+        between its acknowledged value when the scan began and its begun one when it ended."""
+        try:
+            with self.cluster.connect(invocation_timeout=self.invocation_timeout,
+                                      local_reads=True) as client:
+                m = client.get_map("counters")
+                self.maps.append(m)
+                while not self.stop.is_set():
+                    low = list(self.acked)
+                    found = dict(m.items())
+                    high = list(self.started)
+                    self.reads += 1
+                    for key in range(KEYS):
+                        value = found.get(f"c{key}", 0)
+                        assert low[key] <= value <= high[key], \
+                            f"scan: key c{key}: read {value}, acknowledged {low[key]}, last " \
+                            f"begun {high[key]}"
         except BaseException as exc:
             self.failures.append(exc)
 
@@ -120,6 +142,9 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
         assert local.get_all([f"k{i}" for i in range(500)] + ["absent"]) == \
             {f"k{i}": {"i": i} for i in range(500)}
         assert local._local.hits - hits == 501
+        hits = local._local.hits
+        assert dict(local.items()) == {f"k{i}": {"i": i} for i in range(500)}
+        assert local._local.hits - hits == reader.partition_count  # scanned from memory
         source.put("k1", "new")
         source.remove("k2")
         assert local.get("k1") == "new" and local.get("k2") is None

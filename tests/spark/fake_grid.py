@@ -143,7 +143,7 @@ class FakeClient:
     def partition_owners(self) -> dict[int, str]:
         return dict(self._grid.owners)
 
-    def get_map(self, name: str) -> FakeMap:
+    def get_map(self, name: str, local_reads: bool | None = None) -> FakeMap:
         return FakeMap(self._grid, name)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ def test_path_stands_in_for_map_and_defaults_apply() -> None:
     assert options.value_column is None
     assert options.batch_size == 50_000
     assert options.filter_pushdown == "auto"
+    assert options.local_reads is True
     assert options.connect_args() == (None, None, None, 60.0)
 
 
@@ -33,6 +34,7 @@ def test_options_are_case_insensitive_and_typed() -> None:
             "cluster.name": "dev2",
             "num.partitions": "7",
             "invocation.timeout": "2.5",
+            "Local.Reads": "FALSE",
         }
     )
     assert (options.map_name, options.key_column, options.value_column) == (
@@ -44,6 +46,7 @@ def test_options_are_case_insensitive_and_typed() -> None:
     assert options.cluster_name == "dev2"
     assert options.num_partitions == 7
     assert options.invocation_timeout_s == 2.5
+    assert options.local_reads is False
 
 
 @pytest.mark.parametrize(
@@ -54,6 +57,7 @@ def test_options_are_case_insensitive_and_typed() -> None:
         ({"map": "m", "key.colum": "k"}, "unknown shmgrid option"),
         ({"map": "m", "key.column": "a", "value.column": "A"}, "name the same column"),
         ({"map": "m", "filter.pushdown": "maybe"}, "'filter.pushdown' must be"),
+        ({"map": "m", "local.reads": "sometimes"}, "'local.reads' must be true or false"),
         ({"map": "m", "invocation.timeout": "-1"}, "'invocation.timeout' must be positive"),
     ],
 )

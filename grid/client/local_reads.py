@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import struct
+import threading
 import time
 from typing import Any
 
@@ -55,6 +56,7 @@ MISS = object()  # no local answer now: ask the owner
 UNPUBLISHED = object()  # the owner does not publish this map (yet): ask it, and to publish
 ATTEMPTS = 8  # seqlock retries before asking the owner instead
 ABSENT_RETRY_S = 0.5  # a member without a directory is looked for again after this
+SWEEP_S = 1.0  # how often mappings of segments no slot points at any more are dropped
 _U64 = SEQ
 _READ_ERRORS = (struct.error, IndexError, ValueError, OSError)
 
@@ -119,6 +121,19 @@ class _MemberView:
                     if mm is not None:
                         mm.close()
 
+    def sweep(self) -> None:
+        """Unmap the segments of slots that point elsewhere now: a partition that moved
+        away, or was compacted, is not read here again, and its retired segments would
+        stay in memory for as long as this client maps them."""
+        for key, before in list(self.pointing.items()):
+            namespace, pid = key
+            slots = self.slots.get(self.namespaces.get(namespace, -1))
+            now = (0, 0) if slots is None else SLOT.unpack_from(slots, SLOT.size * pid)[2:]
+            if now != before:
+                self.repoint(key, now)
+                if now == (0, 0):
+                    del self.pointing[key]
+
     def close(self) -> None:
         for mm in [*self.segments.values(), *self.slots.values(), self.mm]:
             with contextlib.suppress(BufferError):
@@ -135,6 +150,9 @@ class LocalReader:
         self._views: dict[str, _MemberView] = {}  # member name -> its directory
         self._asked: dict[tuple[str, str], float] = {}  # (member, map) -> when publish asked
         self._absent: dict[str, float] = {}  # member -> when its directory was not there
+        self._next_sweep = 0.0
+        # A client may be shared by threads: one read at a time (they share mappings).
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
@@ -155,6 +173,16 @@ class LocalReader:
               empty: Any, read: Any, *args: Any) -> Any:
         """``read(index, arena, *args)`` of the owner's fragment inside its seqlock (``empty``
         when there is no fragment), or MISS / UNPUBLISHED."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            return self._read_locked(namespace, pid, owner_uuid, owner_name, empty, read,
+                                     args)
+        finally:
+            lock.release()
+
+    def _read_locked(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
+                     empty: Any, read: Any, args: tuple) -> Any:
         slots = self._checked_slots(namespace, pid, owner_uuid, owner_name)
         if slots is None or slots is UNPUBLISHED:
             self.misses += 1
@@ -208,7 +236,12 @@ class LocalReader:
         slots = view.slots_of(namespace)
         if slots is None:
             return UNPUBLISHED
-        if time.monotonic() >= valid_until or mm[view.served + pid] != 1:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_S
+            for other in self._views.values():
+                other.sweep()
+        if now >= valid_until or mm[view.served + pid] != 1:
             return None
         return slots
 
@@ -240,5 +273,6 @@ class LocalReader:
             view.close()
 
     def close(self) -> None:
-        for name in list(self._views):
-            self._drop(name)
+        with self._lock:
+            for name in list(self._views):
+                self._drop(name)

@@ -373,3 +373,20 @@ def test_seq_stays_even_after_every_store_operation(published) -> None:
     store.remove(1, "m", b"5")
     store.clear(1, "m")
     assert SEQ.unpack_from(slots.mm, SLOT.size * 1)[0] % 2 == 0
+
+
+def test_the_reader_unmaps_segments_that_no_slot_points_at_any_more(published) -> None:
+    """A fragment dropped (its partition moved away, say) is not read here again: its
+    retired segments must not stay mapped, and so in memory, for the client's lifetime."""
+    store, reader, member = published
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"
+    view = reader._views[member]
+    mapped = set(view.segments)
+    assert len(mapped) == 2  # the arena and the shared index of partition 1
+    store.clear(1, "m")
+    store.put(2, "m", b"x", b"y")
+    store.settle(2, "m")
+    reader._next_sweep = 0.0  # the sweep's second has passed
+    assert reader.get("m", b"x", 2, UUID, member) == b"y"
+    assert not mapped & set(view.segments)
+    assert ("m", 1) not in view.pointing

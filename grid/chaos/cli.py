@@ -48,6 +48,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     help="folder for history.jsonl, faults.json, report.json and "
                     "timeline.png (default %(default)s)")
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    sp.add_argument("--local-reads", action="store_true",
+                    help="the clients' gets read the owners' shared memory where they can "
+                         "(the checker judges them as any get; history lines say local)")
 
 
 def options_from(args: argparse.Namespace) -> ChaosOptions:
@@ -61,7 +64,8 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         faults=parse_weights(args.faults, FAULT_KINDS, "--faults"),
         fault_interval=parse_seconds(args.fault_interval), members=args.members,
         backup_count=args.backup_count, heartbeat_timeout=args.heartbeat_timeout,
-        cluster_name=args.cluster_name, out=args.out, live=not args.json)
+        cluster_name=args.cluster_name, out=args.out, live=not args.json,
+        local_reads=args.local_reads)
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ class Op:
     invoke: float  # monotonic seconds
     complete: float  # for "info": when the client gave up, not when it took effect
     observed: bool = True
+    local: bool = False  # a get answered from the owner's shared memory (--local-reads)
 
     def __post_init__(self) -> None:
         if self.f not in FUNCTIONS:

@@ -62,6 +62,7 @@ class ChaosOptions:
     cluster_name: str | None = None  # attach to this running cluster
     out: str = "chaos-out"
     live: bool = True
+    local_reads: bool = False  # gets read the owners' shared memory where they can
 
 
 class ClusterControl:
@@ -135,7 +136,7 @@ class Runner:
             workers = [multiprocess.Process(target=run_worker, daemon=True, args=(
                 self.cluster.name, w, self.o.seed, self.o.keys, self.o.value_size, self.o.mix,
                 stop_at, str(self.out / f"worker-{w}.jsonl"), self.o.invocation_timeout,
-                counters)) for w in range(self.o.clients)]
+                counters, self.o.local_reads)) for w in range(self.o.clients)]
             for w in workers:
                 w.start()
             self._inject(schedule, stop_at, counters)
@@ -326,6 +327,7 @@ class Runner:
             "operations": len(ops), "ok": sum(op.status == "ok" for op in ops),
             "refused": sum(op.status == "fail" for op in ops),
             "indeterminate": sum(op.status == "info" for op in ops),
+            "local_gets": sum(op.local for op in ops),  # read from shared memory
             "faults": [asdict(r) for r in self.records],
             "faults_by_kind": dict(Counter(r.kind for r in done)),
             "beyond_promise": sum(not r.within_promise for r in done),

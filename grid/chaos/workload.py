@@ -44,10 +44,12 @@ def outcome(exc: BaseException) -> str:
 
 def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size: int,
                mix: dict[str, int], stop_at: float, out_path: str,
-               invocation_timeout: float, counters: Any = None) -> None:
+               invocation_timeout: float, counters: Any = None,
+               local_reads: bool = False) -> None:
     """Run operations until ``stop_at`` (time.monotonic, the same clock in every process),
     appending each to ``out_path`` as a JSON line. ``counters``: a shared array of three
-    ints per worker (ok, fail, info) for the live view."""
+    ints per worker (ok, fail, info) for the live view. With ``local_reads``, gets read the
+    owners' shared memory where they can, and a get's line says whether it did."""
     import grid
 
     rng = random.Random(seed * 1000 + worker)
@@ -55,9 +57,10 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
     weights = [mix[f] for f in names]
     written = 0
     with open(out_path, "a", buffering=1 << 16) as out, \
-            grid.connect(cluster_name=cluster_name, invocation_timeout=invocation_timeout) \
-            as client:
+            grid.connect(cluster_name=cluster_name, invocation_timeout=invocation_timeout,
+                         local_reads=local_reads) as client:
         m = client.get_map(MAP_NAME)
+        reader = m._local  # counts the gets answered from shared memory
         counter = 0
         while time.monotonic() < stop_at:
             f = rng.choices(names, weights)[0]
@@ -74,6 +77,7 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
                     m.put_all({f"k{k}": encode(v, value_size) for k, v in zip(batch, values,
                                                                              strict=True)})
                 elif f == "get":
+                    hits = reader.hits if reader is not None else 0
                     result = decode(m.get(f"k{batch[0]}"))
                 elif f == "remove":
                     result = decode(m.remove(f"k{batch[0]}"))
@@ -85,6 +89,7 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
                 if f == "get":
                     status = "fail"  # a read that did not answer changed nothing
             complete = time.monotonic()
+            local = f == "get" and reader is not None and reader.hits > hits
             for k, v in zip(batch, values, strict=True):
                 counter += 1
                 out.write(json.dumps({
@@ -92,7 +97,8 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
                     "f": "put" if f == "put_all" else f, "key": f"k{k}",
                     "value": None if f in ("get", "remove") else v,
                     "result": result, "status": status, "invoke": invoke,
-                    "complete": complete, "observed": f != "put_all"}) + "\n")
+                    "complete": complete, "observed": f != "put_all",
+                    **({"local": True} if local else {})}) + "\n")
             if counters is not None:
                 slot = 3 * worker + ("ok", "fail", "info").index(status)
                 counters[slot] += 1

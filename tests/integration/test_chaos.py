@@ -33,6 +33,15 @@ def test_a_short_run_against_the_grid_is_valid(tmp_path):
     assert len(lines) == report["operations"]
 
 
+def test_a_short_run_with_local_reads_is_valid(tmp_path):
+    """Gets from the owners' shared memory, through kills, a master kill and a pause: the
+    checker finds every key linearizable."""
+    result = run_cli(*RUN, "--local-reads", "--out", str(tmp_path), timeout=240)
+    report = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
+    assert report["valid"] and report["violations"] == 0, report["verdict"]
+    assert report["local_gets"] > 500, f"only {report['local_gets']} gets read locally"
+
+
 def test_a_grid_that_acknowledges_early_is_caught(tmp_path, monkeypatch):
     monkeypatch.setenv(ACK_EARLY_ENV, "1")
     result = run_cli(*RUN, "--out", str(tmp_path), timeout=240, check=False)

@@ -68,7 +68,7 @@ SLOT = struct.Struct("<QQQQ")  # seq, settled, arena + 1, index + 1
 SEQ = struct.Struct("<Q")
 INDEX_HEADER = struct.Struct("<QQ")  # capacity, count
 INDEX_ENTRY = struct.Struct("<QQ")  # key hash, offset + 1
-RECORD_HEADER = struct.Struct("<II")  # key length, value length (workers/record_store.py)
+RECORD_HEADER = struct.Struct("<II")  # a record's key and value lengths (the arena's format)
 STATE = struct.Struct("<dQ")  # valid_until, fenced: one read
 RETRY = object()  # the probe met bytes that a concurrent write is changing: read again
 _HASH_MASK = (1 << 64) - 1
@@ -130,7 +130,7 @@ def records(index: object, arena: object) -> tuple[bytes, int] | object:
     append = parts.append
     for offset in offsets:
         key_size, value_size = unpack(arena, offset)  # type: ignore[arg-type]
-        start = offset + 8
+        start = offset + RECORD_HEADER.size
         part = arena[start:start + key_size + value_size]  # type: ignore[index]
         if len(part) != key_size + value_size:
             return RETRY
@@ -157,7 +157,7 @@ def probe(index: object, arena: object, h: int, key: bytes) -> bytes | None | ob
         if entry_hash == h:
             offset = offset_1 - 1
             record_key_size, value_size = RECORD_HEADER.unpack_from(arena, offset)  # type: ignore[arg-type]
-            start = offset + 8
+            start = offset + RECORD_HEADER.size
             middle = start + key_size
             if record_key_size == key_size and arena[start:middle] == key:  # type: ignore[index]
                 value = arena[middle:middle + value_size]  # type: ignore[index]

@@ -16,6 +16,7 @@ Only the member's main thread calls these, as it does the record store.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable
 
@@ -28,7 +29,6 @@ from grid.local_reads import (
     NAME_BYTES,
     NAME_LENGTH,
     NAMESPACE_COUNT_OFFSET,
-    SEQ,
     SLOT,
     VALID_UNTIL,
     VALID_UNTIL_OFFSET,
@@ -47,10 +47,10 @@ __all__ = ["LocalReadDirectory", "SharedFragment", "SharedIndex", "fence"]
 
 NAMESPACE_CAPACITY = 256
 INDEX_CAPACITY_MIN = 16
-_SETTLED_OFFSET = 8
+_SETTLED_OFFSET = 8  # in a slot: seq, settled, arena + 1, index + 1
 _SEGMENTS_OFFSET = 16
-_SEGMENTS = INDEX_HEADER  # two u64: arena + 1, index + 1
-_U64 = SEQ
+_U64 = struct.Struct("<Q")
+_TWO_U64 = struct.Struct("<QQ")  # seq and settled, or arena + 1 and index + 1
 
 
 def _capacity_for(count: int) -> int:
@@ -169,7 +169,7 @@ class NamespaceSlots:
     def begin(self, pid: int) -> None:
         """A change of the fragment starts: readers retry, and it is not settled."""
         seq = self.seqs[pid] = self.seqs[pid] + 1
-        INDEX_HEADER.pack_into(self.mm, SLOT.size * pid, seq, 0)
+        _TWO_U64.pack_into(self.mm, SLOT.size * pid, seq, 0)
 
     def end(self, pid: int) -> None:
         seq = self.seqs[pid] = self.seqs[pid] + 1
@@ -178,7 +178,7 @@ class NamespaceSlots:
     def point(self, pid: int, arena: int, index: int) -> None:
         """Inside begin/end: the fragment's records and index are in these segment numbers
         (-1, -1: there is no fragment)."""
-        _SEGMENTS.pack_into(self.mm, SLOT.size * pid + _SEGMENTS_OFFSET, arena + 1, index + 1)
+        _TWO_U64.pack_into(self.mm, SLOT.size * pid + _SEGMENTS_OFFSET, arena + 1, index + 1)
 
     def settle(self, pid: int, settled: bool = True) -> None:
         _U64.pack_into(self.mm, SLOT.size * pid + _SETTLED_OFFSET, 1 if settled else 0)

@@ -24,12 +24,11 @@ never touches it.
 from __future__ import annotations
 
 import math
-import struct
 from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from grid.local_reads import key_hash
+from grid.local_reads import RECORD_HEADER, key_hash
 from grid.partition.merkle import DEPTH_MAX, DEPTH_MIN, MerkleTree, entry_hash, leaf_shift
 from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.shm import Segment, SegmentReader, validate_prefix
@@ -37,7 +36,7 @@ from workers.shm import Segment, SegmentReader, validate_prefix
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
            "key_hash"]
 
-_HEADER = struct.Struct("<II")
+_HEADER = RECORD_HEADER  # [u32 key_len][u32 value_len]: local readers parse it too
 header_bytes = _HEADER.size
 _unpack_header = _HEADER.unpack_from
 _pack_header = _HEADER.pack_into

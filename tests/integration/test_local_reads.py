@@ -13,6 +13,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,7 +28,8 @@ KEYS = 60
 
 
 class CounterRace:
-    """A writer of per-key counters and readers that check every value against them."""
+    """A writer of per-key counters, and readers (gets, and whole-map scans) that check
+    every value against them."""
 
     def __init__(self, cluster, readers: int = 2, invocation_timeout: float = 60) -> None:
         self.cluster = cluster
@@ -38,8 +41,10 @@ class CounterRace:
         self.reads = 0
         self.maps: list = []
         self.threads = [threading.Thread(target=self._write, daemon=True),
-                        threading.Thread(target=self._scan, daemon=True)] + [
-            threading.Thread(target=self._read, args=(n,), daemon=True) for n in range(readers)]
+                        threading.Thread(target=self._reading, args=(-1, self._scan_once),
+                                         daemon=True)] + [
+            threading.Thread(target=self._reading, args=(n, self._get_once), daemon=True)
+            for n in range(readers)]
 
     def _write(self) -> None:
         try:
@@ -55,44 +60,39 @@ class CounterRace:
         except BaseException as exc:
             self.failures.append(exc)
 
-    def _read(self, n: int) -> None:
-        rng = random.Random(n)
+    def _reading(self, seed: int, check: Callable[[Any, random.Random], None]) -> None:
+        """Connect with local reads on and run ``check(map, rng)`` until stopped."""
+        rng = random.Random(seed)
         try:
             with self.cluster.connect(invocation_timeout=self.invocation_timeout,
                                       local_reads=True) as client:
                 m = client.get_map("counters")
                 self.maps.append(m)
                 while not self.stop.is_set():
-                    key = rng.randrange(KEYS)
-                    low = self.acked[key]
-                    value = m.get(f"c{key}") or 0
-                    high = self.started[key]
+                    check(m, rng)
                     self.reads += 1
-                    assert low <= value <= high, \
-                        f"key c{key}: read {value}, acknowledged {low}, last begun {high}"
         except BaseException as exc:
             self.failures.append(exc)
 
-    def _scan(self) -> None:
-        """Whole-map scans (from shared memory where they can): each key's value lies
-        between its acknowledged value when the scan began and its begun one when it ended."""
-        try:
-            with self.cluster.connect(invocation_timeout=self.invocation_timeout,
-                                      local_reads=True) as client:
-                m = client.get_map("counters")
-                self.maps.append(m)
-                while not self.stop.is_set():
-                    low = list(self.acked)
-                    found = dict(m.items())
-                    high = list(self.started)
-                    self.reads += 1
-                    for key in range(KEYS):
-                        value = found.get(f"c{key}", 0)
-                        assert low[key] <= value <= high[key], \
-                            f"scan: key c{key}: read {value}, acknowledged {low[key]}, last " \
-                            f"begun {high[key]}"
-        except BaseException as exc:
-            self.failures.append(exc)
+    def _get_once(self, m: Any, rng: random.Random) -> None:
+        key = rng.randrange(KEYS)
+        low = self.acked[key]
+        value = m.get(f"c{key}") or 0
+        high = self.started[key]
+        assert low <= value <= high, \
+            f"key c{key}: read {value}, acknowledged {low}, last begun {high}"
+
+    def _scan_once(self, m: Any, rng: random.Random) -> None:
+        """A whole-map scan: each key's value lies between its acknowledged value when the
+        scan began and its begun one when it ended."""
+        low = list(self.acked)
+        found = dict(m.items())
+        high = list(self.started)
+        for key in range(KEYS):
+            value = found.get(f"c{key}", 0)
+            assert low[key] <= value <= high[key], \
+                f"scan: key c{key}: read {value}, acknowledged {low[key]}, last begun " \
+                f"{high[key]}"
 
     def local_hits(self) -> int:
         return sum(m._local.hits for m in self.maps)

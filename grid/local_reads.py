@@ -54,7 +54,7 @@ import mmh3
 __all__ = ["DIRECTORY_MAGIC", "HEADER", "INDEX_ENTRY", "INDEX_HEADER", "NAME_BYTES", "RETRY",
            "SLOT", "directory_bytes", "directory_name", "key_hash", "map_segment",
            "names_offset", "namespace_name", "probe", "records", "segment_name",
-           "served_offset"]
+           "segment_prefix", "served_offset"]
 
 DIRECTORY_MAGIC = b"SHMGLR1\0"
 HEADER = struct.Struct("<8sdQII48sQ")  # magic, valid_until, fenced, pc, capacity, uuid, count
@@ -90,6 +90,11 @@ def map_segment(name: str, writable: bool = False) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED, prot=prot)
     finally:
         os.close(fd)
+
+
+def segment_prefix(cluster_name: str, member_name: str) -> str:
+    """What every shared-memory segment of a member is named after (workers/shm.py)."""
+    return f"shmgrid-{cluster_name}-{member_name}"
 
 
 def directory_name(prefix: str) -> str:

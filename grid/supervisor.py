@@ -27,6 +27,7 @@ from grid import protocol as p
 from grid.client.registry import create_time, write_registry
 from grid.config import SECRET_ENV, GridConfig
 from grid.errors import NotAuthorizedError
+from grid.local_reads import segment_prefix
 from persistence import MetadataStore
 from persistence.errors import CorruptMetadataError
 from workers.local_reads import fence
@@ -131,7 +132,7 @@ class Supervisor:
     # -- members ---------------------------------------------------------------------------
 
     def _segment_prefix(self, name: str) -> str:
-        return f"shmgrid-{self.config.cluster_name}-{name}"
+        return segment_prefix(self.config.cluster_name, name)
 
     def _remove_segments(self, name: str) -> list[str]:
         """Fence a gone member's local read directory (clients that map it stop trusting

@@ -296,6 +296,8 @@ class ClusterService:
         if self.me in self.members:
             self.joined = True
             self.ready = self.table.is_assigned()
+            # The view's table was taken before we were joined: serve its partitions now.
+            self.member.maps.publish_ownership()
             for endpoint in self.join_endpoints:
                 self.member.disconnect_peer(endpoint)
             log.info("joined: %d members, master %s", len(self.members),

@@ -601,7 +601,7 @@ class MapService:
         cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
         table = cluster.table
-        self._publish_ownership()  # first: no local read of what we may no longer own
+        self.publish_ownership()  # first: no local read of what we may no longer own
         held = set(self.store.partitions())
         arriving = self.store.arriving_partitions()
         promoted = []
@@ -625,7 +625,7 @@ class MapService:
         self._process_held()
         for pid in promoted:
             self._sync_backups(pid)
-        self._publish_ownership()
+        self.publish_ownership()
 
     def _sync_backups(self, pid: int) -> None:
         """Send the whole partition, as this new owner holds it, to its synchronous backups;
@@ -739,7 +739,7 @@ class MapService:
             return
         self.store.settle(slot[0], slot[1])
 
-    def _publish_ownership(self) -> None:
+    def publish_ownership(self) -> None:
         """Which partitions local readers may read here: those we own (by ``owned``; ready,
         not lite). One that stops being served is unsettled at once, so that it is settled
         again only by what happens once it is ours again (a promotion's sync first)."""

@@ -17,6 +17,7 @@ from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
 from grid.errors import GridError, NotAuthorizedError, ProtocolError
+from grid.local_reads import segment_prefix
 from persistence import PersistenceError
 from workers.cluster_service import ClusterService
 from workers.journal import Journal
@@ -44,7 +45,7 @@ class Node:
         self.callbacks: dict[int, tuple[float, ReplyCallback]] = {}
         self.ids = itertools.count(1)
         self.running = True
-        self.store = RecordStore(f"shmgrid-{config.cluster_name}-{info.name}",
+        self.store = RecordStore(segment_prefix(config.cluster_name, info.name),
                                  max_record_bytes=config.max_value_bytes + 8,
                                  merkle_depth=config.merkle_tree_depth)
         self.journal = journal  # its log is loaded by ``restore``, before the member runs

@@ -589,7 +589,8 @@ def _int_field(chunk: dict[str, Any], name: str, low: int, high: int) -> int:
 
 def _changing(fragment: _Fragment, method: Any, *args: Any) -> Any:
     """Call a method that changes ``fragment`` inside its seqlock, if it is published (local
-    readers then retry instead of seeing it half done)."""
+    readers then retry instead of seeing it half done). The single-record writes test
+    ``fragment.shared`` themselves first: they are the member's hot path."""
     shared = fragment.shared
     if shared is None:
         return method(*args)
@@ -669,7 +670,10 @@ class RecordStore:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_size)
-        old = _changing(fragment, fragment.put, key, value)
+        if fragment.shared is None:
+            old = fragment.put(key, value)
+        else:
+            old = _changing(fragment, fragment.put, key, value)
         if self.journal is not None:
             self.journal.put(pid, namespace, key, value)
         return old
@@ -692,7 +696,10 @@ class RecordStore:
             return None
         if key.__class__ is not bytes:
             key = _key_bytes(key)
-        old = _changing(fragment, fragment.remove, key)
+        if fragment.shared is None:
+            old = fragment.remove(key)
+        else:
+            old = _changing(fragment, fragment.remove, key)
         if old is not None and self.journal is not None:
             self.journal.remove(pid, namespace, key)
         return old

@@ -234,11 +234,4 @@ def remove_segments(prefix: str) -> list[str]:
     For the supervisor, after a member was killed (its segments outlive it), and for tests.
     Returns the names this call unlinked; names that vanish meanwhile are skipped.
     """
-    removed: list[str] = []
-    for name in list_segments(prefix):
-        try:
-            _posixshmem.shm_unlink("/" + name)
-        except FileNotFoundError:
-            continue
-        removed.append(name)
-    return removed
+    return [name for name in list_segments(prefix) if unlink_segment(name)]

@@ -48,6 +48,7 @@ from grid.local_reads import (
     probe,
     records,
     segment_name,
+    segment_prefix,
 )
 
 __all__ = ["MISS", "UNPUBLISHED", "LocalReader"]
@@ -58,13 +59,14 @@ ATTEMPTS = 8  # seqlock retries before asking the owner instead
 ABSENT_RETRY_S = 0.5  # a member without a directory is looked for again after this
 SWEEP_S = 1.0  # how often mappings of segments no slot points at any more are dropped
 _U64 = SEQ
+_SERVED = HEADER.size  # the served byte of partition p is at _SERVED + p (served_offset)
 _READ_ERRORS = (struct.error, IndexError, ValueError, OSError)
 
 
 class _MemberView:
     """One member's directory, its published namespaces and the segments read so far."""
 
-    __slots__ = ("prefix", "uuid", "mm", "partition_count", "served", "namespaces",
+    __slots__ = ("prefix", "uuid", "mm", "partition_count", "namespaces",
                  "namespaces_seen", "slots", "segments", "pointing")
 
     def __init__(self, prefix: str, mm: mmap.mmap) -> None:
@@ -75,7 +77,6 @@ class _MemberView:
         self.uuid = uuid.rstrip(b"\0").decode()
         self.mm = mm
         self.partition_count = partition_count
-        self.served = HEADER.size  # the served byte of pid p is at served + p
         self.namespaces: dict[str, int] = {}
         self.namespaces_seen = 0
         self.slots: dict[int, mmap.mmap] = {}  # namespace k -> its slot segment
@@ -241,7 +242,7 @@ class LocalReader:
             self._next_sweep = now + SWEEP_S
             for other in self._views.values():
                 other.sweep()
-        if now >= valid_until or mm[view.served + pid] != 1:
+        if now >= valid_until or mm[_SERVED + pid] != 1:
             return None
         return slots
 
@@ -250,7 +251,7 @@ class LocalReader:
         now = time.monotonic()
         if now - self._absent.get(name, -1.0) < ABSENT_RETRY_S:
             return None
-        prefix = f"shmgrid-{self.cluster_name}-{name}"
+        prefix = segment_prefix(self.cluster_name, name)
         try:
             mm = map_segment(directory_name(prefix))
         except (FileNotFoundError, ValueError, OSError):

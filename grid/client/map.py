@@ -118,18 +118,14 @@ class Map:
         key_bytes = serialize_key(key)
         if self._invoker.table is None:
             self._invoker.refresh()
-        value, publish = self._local_get(key_bytes, self._invoker.table.partition_count)
+        value, publish = self._local_read(
+            partition_id_of(key_bytes, self._invoker.table.partition_count), key_bytes)
         if value.__class__ is bytes:
             return deserialize_value(value)
         if value is None:
             return None
         extra = {"publish": True} if publish else {}
         return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
-
-    def _local_get(self, key_bytes: bytes, partition_count: int) -> tuple[Any, bool]:
-        """A local read of the key (its value's bytes, None, or MISS / UNPUBLISHED), and
-        whether the request that replaces a miss should ask the owner to publish the map."""
-        return self._local_read(partition_id_of(key_bytes, partition_count), key_bytes)
 
     def _local_read(self, pid: int, key_bytes: bytes | None) -> tuple[Any, bool]:
         """A local get of ``key_bytes``, or with None a local scan of the partition (see
@@ -251,7 +247,7 @@ class Map:
         for key in keys:
             key_bytes = serialize_key(key)
             if local is not None:
-                value, ask = self._local_get(key_bytes, count)
+                value, ask = self._local_read(partition_id_of(key_bytes, count), key_bytes)
                 if value.__class__ is bytes:
                     result[key] = deserialize_value(value)
                     continue

@@ -248,6 +248,8 @@ class SimNetwork:
         removal change nowhere else."""
         newest = max((n.cluster.members for n in self.alive()), key=lambda m: m.version,
                      default=None)
+        if only is None:
+            self.check_served_flags()
         for node in self.alive():
             local = node.store.local
             if local is None or local.closed or \
@@ -282,6 +284,22 @@ class SimNetwork:
                             self.violation(f"local readers of {node.name} may see "
                                            f"{key_bytes!r}={seen}, which {backup.name} does "
                                            f"not hold yet")
+
+    def check_served_flags(self) -> None:
+        """A member serves local readers exactly the partitions it owns while it is ready:
+        one it forgot to serve is not unsafe, but its local readers would ask it forever."""
+        for node in self.alive():
+            local, cluster = node.store.local, node.cluster
+            if local is None or local.closed or node.paused:
+                continue
+            serving = cluster.ready and not cluster.is_lite
+            me = node.info.uuid
+            for pid, flag in enumerate(local.served):
+                if bool(flag) != (serving and cluster.table.owner(pid) == me):
+                    self.violation(f"{node.name} {'serves' if flag else 'does not serve'} "
+                                   f"partition {pid} to local readers, ready={cluster.ready}, "
+                                   f"owner={cluster.table.owner(pid) == me}")
+                    return
 
     def check_read_durable(self, owner: SimNode, key: str, frames: list[bytes]) -> None:
         """An owner answers a read with a value: every synchronous backup of the newest table

@@ -77,10 +77,12 @@ class CounterRace:
     def _get_once(self, m: Any, rng: random.Random) -> None:
         key = rng.randrange(KEYS)
         low = self.acked[key]
+        hits = m._local.hits
         value = m.get(f"c{key}") or 0
         high = self.started[key]
         assert low <= value <= high, \
-            f"key c{key}: read {value}, acknowledged {low}, last begun {high}"
+            f"key c{key}: read {value}, acknowledged {low}, last begun {high} " \
+            f"({'from shared memory' if m._local.hits > hits else 'asked of the owner'})"
 
     def _scan_once(self, m: Any, rng: random.Random) -> None:
         """A whole-map scan: each key's value lies between its acknowledged value when the

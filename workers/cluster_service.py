@@ -462,7 +462,9 @@ class ClusterService:
         if not isinstance(sender, str):
             return
         now = self.member.now()
-        if sender in self.members:
+        # Echoing a member we hold dead (we claim its mastership, or back a claim) would give
+        # it a lease that our claim breaks: its heartbeats go unechoed.
+        if sender in self.members and sender not in self.dead:
             self.last_heard[sender] = now
             number = header.get("n")
             if isinstance(number, int):
@@ -877,6 +879,7 @@ class ClusterService:
         if uuid == self.me or uuid in self.dead:
             return
         self.dead.add(uuid)
+        self.heard_number.pop(uuid, None)  # no more echoes to it (see _on_heartbeat)
         if self.is_master:
             self.remove({uuid}, reason)
         else:

@@ -117,7 +117,8 @@ class MapService:
         self.order = ReplyOrder(on_idle=self._on_slot_idle)
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
-        self.lease_waiting: list[Ticket] = []
+        # Answers that wait for this member's lease, by id (a ticket is settled again often).
+        self.lease_waiting: dict[int, Ticket] = {}
         self.requests = 0  # client map operations served (status: the dashboard's ops/s)
         self.durable_waiting: deque[Ticket] = deque()  # persistence_fsync = always
         self.owned: set[int] = set()  # partitions this member owns in its table
@@ -199,13 +200,18 @@ class MapService:
 
     def _answer_after(self, ident: bytes, header: dict[str, Any], slots: list[Slot],
                       frames: list[bytes], **fields: Any) -> None:
-        """Answer now, or, if a write to one of ``slots`` is not durable yet, after it."""
-        if not self.order.busy(slots):
+        """Answer now, or once a write to one of ``slots`` that is not durable yet is, and
+        only while this member holds its membership lease. A member removed without knowing
+        it (it hung, and nobody fenced it) must not answer from its memory: its partitions
+        have new owners that take writes. What was read now is current if the lease holds
+        at any time from now to the answer (nobody can have removed us before then)."""
+        if not self.order.busy(slots) and self.member.cluster.lease_valid():
             self.member.reply(ident, [p.reply_ok(header.get("id"), **fields), *frames])
             return
         ticket = Ticket(slots, [(ident, header.get("id"))], fields, frames)
+        ticket.needs_lease = True
         self.order.enqueue(ticket)
-        self._release(ticket.slots)
+        self._settle(ticket)
 
     def _release(self, slots: tuple[Slot, ...]) -> None:
         for ticket in self.order.release(slots):
@@ -250,8 +256,8 @@ class MapService:
         if ticket.failed is None and ticket.needs_lease and not ticket.waiting:
             if self.member.cluster.lease_valid():
                 ticket.needs_lease = False
-            elif ticket not in self.lease_waiting:
-                self.lease_waiting.append(ticket)
+            elif id(ticket) not in self.lease_waiting:
+                self.lease_waiting[id(ticket)] = ticket
                 self.member.cluster.ask_for_lease()
         if ticket.ready:
             self._release(ticket.slots)
@@ -703,11 +709,11 @@ class MapService:
         self.records.expire(now)
 
     def on_lease_renewed(self) -> None:
-        """Writes that wait for this member's lease (they rest on it alone) may go now."""
+        """Answers that wait for this member's lease may go now."""
         self.renew_local_reads()
         if self.lease_waiting and self.member.cluster.lease_valid():
-            waiting, self.lease_waiting = self.lease_waiting, []
-            for ticket in waiting:
+            waiting, self.lease_waiting = self.lease_waiting, {}
+            for ticket in waiting.values():
                 self._settle(ticket)
 
     # -- local reads (workers/local_reads.py) ----------------------------------------------

@@ -35,7 +35,9 @@ class Ticket:
         self.frames = frames or []
         self.outcome = outcome  # what a resend of this invocation is answered with
         self.waiting: dict[str, set[int]] = {}  # sync backup -> partitions it has yet to apply
-        self.needs_lease = False  # a partition has no sync backup: the owner acts alone
+        # The owner acts alone (a write no sync backup holds, or any read): only while no one
+        # can have removed it.
+        self.needs_lease = False
         self.failed: tuple[str, str] | None = None  # (error code, message)
         self.iid: str | None = None  # the invocation to remember once it is durable
         self.written: set[int] = set()  # partitions this write was applied to here

@@ -11,7 +11,8 @@ Clients write through the same protocol and remember what was acknowledged.
 
 Invariants are checked after every step (``SimNetwork.check_step``): views never go back on a
 node, a member-list version means one list everywhere, and when an owner answers a write (or
-lets a reader see a value), the owner and every synchronous backup its table names hold it.
+lets a reader see a value), the owner and every synchronous backup its table names hold it;
+only a member of the newest member list answers a read.
 Clients check what each answer says (a put returns the previous acknowledged value) and
 readers that no value they saw is followed by an older one. The end state is checked against
 what was acknowledged. A seed replays a run exactly.
@@ -301,6 +302,14 @@ class SimNetwork:
                                    f"owner={cluster.table.owner(pid) == me}")
                     return
 
+    def check_read_by_member(self, owner: SimNode, key: str) -> None:
+        """Only a member of the newest member list answers a read: a removed one (it hung and
+        nobody fenced it) may miss what its partitions' new owners took since."""
+        newest = max((n.cluster.members for n in self.alive()), key=lambda m: m.version)
+        if owner.info.uuid not in newest:
+            self.violation(f"{owner.name} answered a read of {key} but was removed "
+                           f"(member list {newest.version})")
+
     def check_read_durable(self, owner: SimNode, key: str, frames: list[bytes]) -> None:
         """An owner answers a read with a value: every synchronous backup of the newest table
         holds it too, or a later one (the writer's values only grow): nobody may see a write
@@ -460,6 +469,7 @@ class SimNode(Node):
                 self.net.owner_acked[acked] = max(write[1], self.net.owner_acked.get(acked, 0))
             read = self.net.pending_reads.pop((ident, header.get("id")), None)
             if read is not None and header.get("ok"):
+                self.net.check_read_by_member(self, read)
                 self.net.check_read_durable(self, read, frames)
             self.net.send(self.info.endpoint, ident, lambda: client.on_reply(frames),
                           sender=self)

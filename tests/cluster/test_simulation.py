@@ -56,9 +56,8 @@ def run_scenario(seed: int, fault: str) -> SimNetwork:
         clients = [SimClient(net, f"c{i}", key_count=3) for i in range(4)]
     else:
         clients = [SimClient(net, "c0"), SimClient(net, "c1"), SimClient(net, "c2", key_count=5)]
-        # A removed member that was not fenced may serve stale reads (hang-resume): readers
-        # are for the faults where every removed member is fenced.
-        clients.append(SimReader(net, "r0", clients[2]))
+    # Reads a returning member got while it hung must wait for a lease it no longer gets.
+    clients.append(SimReader(net, "r0", clients[2]))
     for client in clients:
         client.start()
     net.run_until(net.time + net.rng.uniform(0.5, 2.0))

@@ -94,6 +94,37 @@ def test_an_owner_that_acts_alone_without_a_lease_is_caught(monkeypatch, make_cl
         test_write_path.test_a_removed_owner_without_backups_acknowledges_nothing(make_cluster)
 
 
+def read_without_a_lease(self, ident, header, slots, frames, **fields):
+    """MapService._answer_after as it was: reads wait for earlier writes, not for the lease."""
+    ticket = Ticket(slots, [(ident, header.get("id"))], fields, frames)
+    self.order.enqueue(ticket)
+    self._release(ticket.slots)
+
+
+def test_an_owner_that_reads_without_a_lease_is_caught(monkeypatch, make_cluster):
+    monkeypatch.setattr(MapService, "_answer_after", read_without_a_lease)
+    with pytest.raises(AssertionError, match="a removed owner answered"):
+        test_write_path.test_a_removed_owner_answers_no_read_of_what_its_successor_took(
+            make_cluster)
+    assert caught(["hang-resume", "hang-resume-master"], range(12))
+
+
+def test_a_claimant_that_echoes_the_master_it_replaces_is_caught(monkeypatch):
+    """The claimant goes on echoing the old master's heartbeats: the master's lease outlives
+    the claim, and its local readers trust it after its removal."""
+    original = ClusterService._on_heartbeat
+
+    def echo_the_dead(self, ident, header, frames):
+        dead, self.dead = self.dead, set()
+        try:
+            original(self, ident, header, frames)
+        finally:
+            self.dead = dead | self.dead
+
+    monkeypatch.setattr(ClusterService, "_on_heartbeat", echo_the_dead)
+    assert caught(["hang-near-timeout-master"], range(6))  # seed 2 found it
+
+
 MIGRATION_FAULTS = ["join", "join-then-kill", "join-then-kill-master", "leave", "kill"]
 
 

@@ -2,7 +2,8 @@
 a failed backup send is sent again, never taken for an acknowledgement; a follower that stops
 hearing the master follows it again; a write a backup cannot take yet waits, and nobody reads
 it before it is durable; a resent write returns its first outcome; a removed owner with no
-backup acknowledges nothing; replacing a map's contents moves both maps' replica versions."""
+backup acknowledges nothing, and a removed owner answers no read; replacing a map's contents
+moves both maps' replica versions."""
 
 from __future__ import annotations
 
@@ -193,6 +194,40 @@ def test_a_removed_owner_without_backups_acknowledges_nothing(make_cluster):
     net.run_until(net.time + 2 * TIMEOUT_S)
     answer = probe.answer(zombie)
     assert answer is None or not answer[0]["ok"], "a removed owner acknowledged a write"
+    assert not owner.alive, "the removed owner learned of its removal and stopped"
+
+
+def test_a_removed_owner_answers_no_read_of_what_its_successor_took(make_cluster):
+    """An owner hangs, is removed and is not fenced (the supervisor is down); its backup takes
+    its partition and a newer write. Reads sent to the old owner, while it hung or after it
+    came back, must not answer the value it still holds: its lease lapsed and never returns."""
+    net = make_cluster(seed=18, backup_count=1, nodes=3)
+    net.fencing = False
+    master = net.master()
+    key, pid = key_where(net, lambda r: r[0] != master.info.uuid)
+    owner, probe = owner_of(net, pid), Probe(net)
+    first = probe.send(owner, p.PUT, [serialize_key(key), serialize_value(1)], ns="m", pid=pid,
+                       iid="w1")
+    net.run_until(net.time + 0.2)
+    assert probe.answer(first)[0]["ok"]
+    fresh = probe.send(owner, p.GET, [serialize_key(key)], ns="m", pid=pid)
+    net.run_until(net.time + 0.2)
+    assert probe.value(fresh) == serialize_value(1), "an owner within its lease answers reads"
+    net.hang(owner)
+    net.run_until(net.time + 2 * TIMEOUT_S)
+    assert owner.info.uuid not in master.cluster.members
+    successor = owner_of(net, pid)
+    second = probe.send(successor, p.PUT, [serialize_key(key), serialize_value(2)], ns="m",
+                        pid=pid, iid="w2")
+    net.run_until(net.time + 0.2)
+    assert probe.answer(second)[0]["ok"]
+    while_hung = probe.send(owner, p.GET, [serialize_key(key)], ns="m", pid=pid)
+    net.resume(owner)
+    after = probe.send(owner, p.GET, [serialize_key(key)], ns="m", pid=pid)
+    net.run_until(net.time + 2 * TIMEOUT_S)
+    for rid in (while_hung, after):
+        answer = probe.answer(rid)
+        assert answer is None or not answer[0]["ok"], f"a removed owner answered {answer}"
     assert not owner.alive, "the removed owner learned of its removal and stopped"
 
 

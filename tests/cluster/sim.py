@@ -304,9 +304,12 @@ class SimNetwork:
 
     def check_read_by_member(self, owner: SimNode, key: str) -> None:
         """Only a member of the newest member list answers a read: a removed one (it hung and
-        nobody fenced it) may miss what its partitions' new owners took since."""
+        nobody fenced it) may miss what its partitions' new owners took since. A member that
+        asked to leave is the exception: the master removes it once its last partition moved
+        away, and until that table reaches it, it answers as any migration source may
+        (stale reads are allowed unless migration_stale_read_disabled)."""
         newest = max((n.cluster.members for n in self.alive()), key=lambda m: m.version)
-        if owner.info.uuid not in newest:
+        if owner.info.uuid not in newest and owner.cluster.leave_started is None:
             self.violation(f"{owner.name} answered a read of {key} but was removed "
                            f"(member list {newest.version})")
 

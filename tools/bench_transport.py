@@ -1,10 +1,11 @@
-"""The floor under every shmgrid call: a bare ZeroMQ DEALER -> ROUTER round trip between two
-processes, with no shmgrid code, over TCP loopback and over a Unix socket (ipc://).
+"""Round trips between two processes: ZeroMQ DEALER/ROUTER against a link (grid/link.py).
 
-    python tools/bench_transport.py --calls 20000
+    python tools/bench_transport.py --round-trips 20000 --size 100
 
-A get through the owner costs this plus the client's and the member's Python; a put with one
-synchronous backup costs about two of these.
+Both variants run in one go, alternately, each against an echo server in a fresh process
+that polls like a member (zmq.Poller), and print the round trip's p50, and the CPU time per
+round trip of the caller and of the server (user + system, every thread: ZeroMQ's I/O thread
+included). The ratio is ZeroMQ's over the link's.
 """
 
 from __future__ import annotations
@@ -12,61 +13,119 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
-import tempfile
+import statistics
 import time
 
 import zmq
 
+from grid.link import Link, address_of, listen
 
-def serve(endpoint: str, frames: int) -> None:
+STOP = b"stop"
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def zmq_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> None:
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(endpoint)
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    ready.put(f"tcp://127.0.0.1:{port}")
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    start = cpu_seconds()
     while True:
-        message = sock.recv_multipart()
-        if message[1] == b"stop":
+        poller.poll(1000)
+        frames = router.recv_multipart()
+        router.send_multipart(frames)
+        if frames[1] == STOP:
             break
-        sock.send_multipart([message[0], *message[1:1 + frames]])
-    ctx.destroy(linger=0)
+    done.put(cpu_seconds() - start)
 
 
-def round_trips(endpoint: str, frames: int, calls: int) -> float:
-    """Round trips per second of ``frames``-part messages (a 30-byte header, a 10-byte key)."""
-    server = multiprocessing.get_context("spawn").Process(target=serve,
-                                                          args=(endpoint, frames))
+def link_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> None:
+    listener = listen("127.0.0.1")
+    ready.put(address_of(listener))
+    listener.setblocking(True)
+    sock, _ = listener.accept()
+    link = Link(sock, 1 << 30)
+    poller = zmq.Poller()
+    poller.register(link.fd, zmq.POLLIN)
+    start = cpu_seconds()
+    while True:
+        poller.poll(1000)
+        messages = link.receive()
+        for frames in messages:
+            link.send(frames)
+        if any(frames[0] == STOP for frames in messages):
+            break
+    done.put(cpu_seconds() - start)
+
+
+def run(kind: str, round_trips: int, size: int) -> tuple[float, float, float]:
+    """(p50 µs, caller CPU µs per round trip, server CPU µs per round trip)."""
+    ready: multiprocessing.Queue = multiprocessing.Queue()
+    done: multiprocessing.Queue = multiprocessing.Queue()
+    server = multiprocessing.Process(target=zmq_server if kind == "zmq" else link_server,
+                                     args=(ready, done))
     server.start()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    message = [b"h" * 30, b"k" * 10][:frames]
-    for _ in range(1000):  # connect and warm up
-        sock.send_multipart(message)
-        sock.recv_multipart()
-    started = time.perf_counter()
-    for _ in range(calls):
-        sock.send_multipart(message)
-        sock.recv_multipart()
-    elapsed = time.perf_counter() - started
-    sock.send_multipart([b"stop"])
+    address = ready.get(timeout=10)
+    payload = b"x" * size
+    poller = zmq.Poller()
+    if kind == "zmq":
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(address)
+        poller.register(dealer, zmq.POLLIN)
+
+        def round_trip(data: bytes) -> None:
+            dealer.send(data)
+            poller.poll(1000)
+            dealer.recv()
+    else:
+        link = Link.connect(address, 1 << 30)
+        poller.register(link.fd, zmq.POLLIN)
+
+        def round_trip(data: bytes) -> None:
+            link.send([data])
+            while not link.receive():
+                poller.poll(1000)
+
+    for _ in range(1000):
+        round_trip(payload)
+    latencies = []
+    start = cpu_seconds()
+    for _ in range(round_trips):
+        began = time.perf_counter()
+        round_trip(payload)
+        latencies.append(time.perf_counter() - began)
+    caller = cpu_seconds() - start
+    round_trip(STOP)
+    served = done.get(timeout=10)
     server.join()
-    ctx.destroy(linger=0)
-    return calls / elapsed
+    return (statistics.median(latencies) * 1e6, caller / round_trips * 1e6,
+            served / (round_trips + 1001) * 1e6)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--round-trips", type=int, default=20_000)
+    parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    folder = tempfile.mkdtemp(prefix="bench-transport-")
-    for name, endpoint in (("tcp 127.0.0.1", "tcp://127.0.0.1:5799"),
-                           ("ipc", f"ipc://{os.path.join(folder, 'socket')}")):
-        for frames in (1, 2):
-            rate = round_trips(endpoint, frames, args.calls)
-            print(f"{name:14} {frames} frame{'s' if frames > 1 else ' '}: {rate:8,.0f} round "
-                  f"trips/s, {1e6 / rate:4.0f} µs each")
-    shutil.rmtree(folder, ignore_errors=True)
+    results: dict[str, list[tuple[float, float, float]]] = {"zmq": [], "link": []}
+    for _ in range(args.rounds):
+        for kind in results:
+            results[kind].append(run(kind, args.round_trips, args.size))
+    mean = {kind: [statistics.mean(r[i] for r in rows) for i in range(3)]
+            for kind, rows in results.items()}
+    print(f"{'transport':<10}{'p50 µs':>10}{'caller CPU µs':>16}{'server CPU µs':>16}")
+    for kind, (p50, caller, server) in mean.items():
+        print(f"{kind:<10}{p50:>10.1f}{caller:>16.1f}{server:>16.1f}")
+    ratios = [z / lk for z, lk in zip(mean["zmq"], mean["link"], strict=True)]
+    print(f"{'zmq/link':<10}{ratios[0]:>9.2f}x{ratios[1]:>15.2f}x{ratios[2]:>15.2f}x")
 
 
 if __name__ == "__main__":

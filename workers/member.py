@@ -1,14 +1,18 @@
-"""The member process: the node's ZeroMQ shell.
+"""The member process: the node's transport shell.
 
-A ROUTER socket bound on the loopback takes requests from clients, peers and the supervisor;
-one DEALER per peer carries this member's own requests (backups, joins, state fetches) and
-brings their replies back. The loop polls them all, drains what is ready, and runs the node's
-timers between batches. It never blocks on anything but the poll.
+A ROUTER socket bound on the loopback takes requests from the supervisor, and from clients and
+peers that have no link to us; a link listener (grid/link.py) takes the links of peers and
+clients that know us from the member list. This member's own requests (backups, joins, state
+fetches) go to a peer over a link when the member list gives the peer's link address, else
+over a DEALER, and their replies come back the same way. The loop polls them all, drains what
+is ready, and runs the node's timers between batches. It never blocks on anything but the
+poll.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -24,6 +28,7 @@ import zmq
 from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
+from grid.link import Link, LinkError, address_of, listen
 from workers.journal import Journal
 from workers.local_reads import LocalReadDirectory
 from workers.node import Node
@@ -60,6 +65,15 @@ class Member(Node):
         self.poller.register(self.router, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}  # member uuid or endpoint -> DEALER
         self.max_message_bytes = config.max_message_bytes
+        self.link_listener = listen(config.host)
+        self.poller.register(self.link_listener.fileno(), zmq.POLLIN)
+        # Links by file descriptor: (the ident its requests are answered to, the link); the
+        # ident is None for our own links to peers, which bring replies.
+        self.links: dict[int, tuple[bytes | None, Link]] = {}
+        self.accepted: dict[bytes, Link] = {}  # ident -> a link a peer or client opened
+        self.link_numbers = itertools.count(1)
+        self.peer_links: dict[str, Link] = {}  # member uuid -> our open link to it
+        self.link_addresses: dict[str, str] = {}  # member uuid -> its link listener
         self.supervisor = self._dealer(supervisor_endpoint) if supervisor_endpoint else None
         self.process = psutil.Process()
         journal = None
@@ -76,7 +90,8 @@ class Member(Node):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.poller.register(self._wake_r, zmq.POLLIN)
-        info = MemberInfo(uuid, name, f"tcp://{config.host}:{port}", os.getpid(), lite)
+        info = MemberInfo(uuid, name, f"tcp://{config.host}:{port}", os.getpid(), lite,
+                          address_of(self.link_listener))
         super().__init__(config, info, join_endpoints, journal)
         if not config.migration_stale_read_disabled:
             # Clients on this host may read published maps from our memory. Not with
@@ -103,16 +118,38 @@ class Member(Node):
         return sock
 
     def connect_peer(self, key: str, endpoint: str) -> None:
-        if key not in self.peers:
+        """A member of our list gets a link (opened at the first send); any other address
+        (a join seed, a removed member) a DEALER."""
+        if key in self.peers or key in self.link_addresses:
+            return
+        info = self.info if key == self.info.uuid else self.cluster.members.get(key)
+        if info is not None and info.link:
+            self.link_addresses[key] = info.link
+        else:
             self.peers[key] = self._dealer(endpoint)
 
     def disconnect_peer(self, key: str) -> None:
+        self.link_addresses.pop(key, None)
+        link = self.peer_links.get(key)
+        if link is not None:
+            self._drop_link(link.fd)
         sock = self.peers.pop(key, None)
         if sock is not None:
             self.poller.unregister(sock)
             sock.close(0)
 
     def send_peer(self, key: str, frames: list[bytes]) -> bool:
+        address = self.link_addresses.get(key)
+        if address is not None:
+            link = self.peer_links.get(key)
+            if link is None:
+                try:
+                    link = Link.connect(address, self.max_message_bytes)
+                except OSError:
+                    return False  # nobody listens there: the peer is gone
+                self.peer_links[key] = link
+                self._add_link(None, link)
+            return self._send_link(link, frames)
         sock = self.peers.get(key)
         if sock is None:
             return False
@@ -139,6 +176,10 @@ class Member(Node):
             os.write(self._wake_w, b"x")
 
     def reply(self, ident: bytes, frames: list[Any]) -> None:
+        link = self.accepted.get(ident)
+        if link is not None:
+            self._send_link(link, frames)
+            return
         try:
             self.router.send_multipart([ident, *frames], zmq.NOBLOCK)
         except zmq.Again:
@@ -160,11 +201,18 @@ class Member(Node):
         next_tick = time.monotonic()
         while self.running:
             timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
-            for sock, _ in self.poller.poll(timeout_ms):
-                if sock == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    self.maps.on_durable()
+            for sock, event in self.poller.poll(timeout_ms):
+                if sock.__class__ is int:
+                    if sock == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        self.maps.on_durable()
+                    elif sock == self.link_listener.fileno():
+                        self._accept_links()
+                    else:
+                        self._on_link(sock, event)
+                    if not self.running:
+                        break
                     continue
                 if sock.closed:  # a handler disconnected this peer during the round
                     continue
@@ -190,6 +238,71 @@ class Member(Node):
             except zmq.Again:
                 return
             handle(frames)
+
+    # -- links ---------------------------------------------------------------------------
+
+    def _add_link(self, ident: bytes | None, link: Link) -> None:
+        self.links[link.fd] = (ident, link)
+        if ident is not None:
+            self.accepted[ident] = link
+        self.poller.register(link.fd, zmq.POLLIN)
+
+    def _drop_link(self, fd: int) -> None:
+        entry = self.links.pop(fd, None)
+        if entry is None:
+            return
+        ident, link = entry
+        self.poller.unregister(fd)
+        link.close()
+        if ident is not None:
+            del self.accepted[ident]
+        else:
+            for key in [k for k, v in self.peer_links.items() if v is link]:
+                del self.peer_links[key]  # the next send opens a new one
+
+    def _send_link(self, link: Link, frames: list[Any]) -> bool:
+        if not link.send(frames):
+            self._drop_link(link.fd)
+            return False
+        if link.wants_write:  # the socket took part of it: the loop sends the rest
+            self.poller.modify(link.fd, zmq.POLLIN | zmq.POLLOUT)
+        return True
+
+    def _accept_links(self) -> None:
+        while True:
+            try:
+                sock, _ = self.link_listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("could not accept a link: %s", exc)
+                return
+            self._add_link(b"link-%d" % next(self.link_numbers),
+                           Link(sock, self.max_message_bytes))
+
+    def _on_link(self, fd: int, event: int) -> None:
+        entry = self.links.get(fd)
+        if entry is None:
+            return  # dropped earlier in this round
+        ident, link = entry
+        if event & zmq.POLLOUT:
+            if not link.flush():
+                self._drop_link(fd)
+                return
+            if not link.wants_write:
+                self.poller.modify(fd, zmq.POLLIN)
+        if not event & (zmq.POLLIN | zmq.POLLERR):
+            return
+        try:
+            messages = link.receive()
+        except LinkError:
+            self._drop_link(fd)
+            return
+        for frames in messages:  # a message has at least one frame, its header
+            if ident is None:
+                self.on_reply(frames)
+            else:
+                self.on_request(ident, frames[0], frames[1:])
 
     def _on_router_message(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -239,6 +352,9 @@ class Member(Node):
                 log.exception("could not close the persistence log cleanly")
         self.syncs.close()
         self.store.close()
+        for fd in list(self.links):
+            self._drop_link(fd)
+        self.link_listener.close()
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
         for fd in (self._wake_r, self._wake_w):

@@ -1,9 +1,10 @@
 """Sending requests to members and the client's whole retry policy.
 
-Synchronous on purpose: one DEALER per member, requests tagged with a correlation id, replies
-matched by id (a late reply to an abandoned attempt is dropped). Every decision to retry is made
-in :meth:`Invoker.invoke_partitions`: wrong target, partition migrating, member left and
-attempt time-outs are retried with backoff, after refreshing the partition table, until the
+Synchronous on purpose: one link (grid/link.py) per member the member list gives, a DEALER to
+any other address (a seed), requests tagged with a correlation id, replies matched by id (a
+late reply to an abandoned attempt is dropped). Every decision to retry is made in
+:meth:`Invoker.invoke_partitions`: wrong target, partition migrating, member left and attempt
+time-outs are retried with backoff, after refreshing the partition table, until the
 invocation deadline; anything else goes to the caller at once.
 """
 
@@ -32,8 +33,11 @@ from grid.errors import (
     PartlyAppliedError,
     ProtocolError,
 )
+from grid.link import Link, LinkError
 from grid.partition.table import PartitionTable, PartitionTableError
 
+# The largest reply frame a link takes: a member's own limit on what it is sent.
+MAX_REPLY_BYTES = 1 << 31
 BACKOFF_S_MIN = 0.01
 BACKOFF_S_MAX = 0.5
 REFRESH_TIMEOUT_S = 1.0
@@ -55,6 +59,8 @@ class Invoker:
         self.invocation_timeout = invocation_timeout
         self.attempt_timeout = attempt_timeout
         self.sockets: dict[str, zmq.Socket] = {}
+        self.links: dict[str, Link] = {}  # endpoint -> open link
+        self.link_addresses: dict[str, str] = {}  # endpoint -> its member's link listener
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.members = MemberList()
@@ -89,6 +95,23 @@ class Invoker:
         sock = self.sockets.pop(endpoint, None)
         if sock is not None:
             sock.close(0)
+        link = self.links.pop(endpoint, None)
+        if link is not None:
+            link.close()
+
+    def _send(self, endpoint: str, frames: list[bytes]) -> bool:
+        """Send one request to ``endpoint``; False when it cannot go (nobody listens)."""
+        address = self.link_addresses.get(endpoint)
+        if address is None:
+            self._socket(endpoint).send_multipart(frames)
+            return True
+        link = self.links.get(endpoint)
+        if link is None or link.closed:
+            try:
+                link = self.links[endpoint] = Link.connect(address, MAX_REPLY_BYTES)
+            except OSError:
+                return False
+        return link.send(frames)
 
     def exchange(self, requests: list[tuple[str, str, dict[str, Any], list[bytes]]],
                  timeout: float) -> list[Reply | None]:
@@ -103,24 +126,55 @@ class Invoker:
                 rids.append(rid)
                 if self.pids.get(endpoint) in self.dead_pids:
                     continue  # its reply would never come: None at once
-                wanted[rid] = endpoint
                 header = p.request(op, rid, self.cluster_name, **fields)
-                self._socket(endpoint).send_multipart([header, *frames])
+                if self._send(endpoint, [header, *frames]):
+                    wanted[rid] = endpoint
             results: dict[int, Reply] = {}
             deadline = time.monotonic() + timeout
-            polled = [(self.sockets[ep], zmq.POLLIN) for ep in set(wanted.values())]
             while len(results) < len(wanted):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 slice_ms = int(min(remaining, LIVENESS_CHECK_S) * 1000) + 1
-                events = zmq.zmq_poll(polled, slice_ms)
+                events = zmq.zmq_poll(self._polled(wanted, results), slice_ms)
                 for sock, mask in events:
-                    if mask & zmq.POLLIN:
-                        self._collect(sock, wanted, results)
+                    if sock.__class__ is not int:
+                        if mask & zmq.POLLIN:
+                            self._collect(sock, wanted, results)
+                    elif not self._on_link(sock, mask, wanted, results):
+                        break  # a link broke: its requests get no reply
                 if not events and self._gone(wanted, results):
                     break  # a member we wait for has died: retry elsewhere now
             return [results.get(rid) for rid in rids]
+
+    def _polled(self, wanted: dict[int, str], results: dict[int, Reply]) -> list[Any]:
+        polled = []
+        for endpoint in {ep for rid, ep in wanted.items() if rid not in results}:
+            link = self.links.get(endpoint) if endpoint in self.link_addresses else None
+            if link is None:
+                polled.append((self.sockets[endpoint], zmq.POLLIN))
+            else:
+                polled.append((link.fd, zmq.POLLIN | (zmq.POLLOUT if link.wants_write else 0)))
+        return polled
+
+    def _on_link(self, fd: int, mask: int, wanted: dict[int, str],
+                 results: dict[int, Reply]) -> bool:
+        """Send what waits on the link with ``fd`` and take its replies; False if it broke
+        (its waiting requests are given up: the caller retries them)."""
+        endpoint, link = next((ep, lk) for ep, lk in self.links.items() if lk.fd == fd)
+        try:
+            if mask & zmq.POLLOUT and not link.flush():
+                raise LinkError("the link broke")
+            messages = link.receive() if mask & (zmq.POLLIN | zmq.POLLERR) else []
+        except LinkError:
+            self._drop_socket(endpoint)
+            for rid in [rid for rid, ep in wanted.items() if ep == endpoint]:
+                if rid not in results:
+                    del wanted[rid]
+            return False
+        for frames in messages:
+            self._take_reply(frames, wanted, results)
+        return True
 
     def _gone(self, wanted: dict[int, str], results: dict[int, Reply]) -> bool:
         """Whether a member we still wait for is a local process that no longer exists (so
@@ -140,12 +194,17 @@ class Invoker:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                header = p.unpack_header(frames[0])
-            except ProtocolError:
-                continue
-            if header.get("id") in wanted:
-                results[header["id"]] = (header, frames[1:])
+            Invoker._take_reply(frames, wanted, results)
+
+    @staticmethod
+    def _take_reply(frames: list[bytes], wanted: dict[int, str],
+                    results: dict[int, Reply]) -> None:
+        try:
+            header = p.unpack_header(frames[0])
+        except ProtocolError:
+            return
+        if header.get("id") in wanted:
+            results[header["id"]] = (header, frames[1:])
 
     def call(self, endpoint: str, op: str, fields: dict[str, Any] | None = None,
              frames: list[bytes] | None = None, timeout: float | None = None) -> Reply | None:
@@ -204,6 +263,7 @@ class Invoker:
             self.members = members
             self.endpoints = {m.uuid: m.endpoint for m in members.members}
             self.pids = {m.endpoint: m.pid for m in members.members}
+            self.link_addresses = {m.endpoint: m.link for m in members.members if m.link}
             self.dead_pids &= set(self.pids.values())
         if self.table is None:
             self.table = table
@@ -314,4 +374,7 @@ class Invoker:
             for sock in self.sockets.values():
                 sock.close(0)
             self.sockets.clear()
+            for link in self.links.values():
+                link.close()
+            self.links.clear()
             self.ctx.term()

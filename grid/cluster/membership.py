@@ -18,19 +18,22 @@ class MemberInfo:
     endpoint: str
     pid: int
     lite: bool = False
+    link: str = ""  # host:port of its link listener (grid/link.py); "" when it has none
 
     def to_wire(self) -> list[Any]:
-        return [self.uuid, self.name, self.endpoint, self.pid, self.lite]
+        return [self.uuid, self.name, self.endpoint, self.pid, self.lite, self.link]
 
     @classmethod
     def from_wire(cls, obj: Any) -> MemberInfo:
-        if not isinstance(obj, list | tuple) or len(obj) != 5:
-            raise ValueError("member info must be [uuid, name, endpoint, pid, lite]")
-        uuid, name, endpoint, pid, lite = obj
+        # Five fields: a view saved before members had links (a hot restart reads it).
+        if not isinstance(obj, list | tuple) or len(obj) not in (5, 6):
+            raise ValueError("member info must be [uuid, name, endpoint, pid, lite, link]")
+        uuid, name, endpoint, pid, lite = obj[:5]
+        link = obj[5] if len(obj) == 6 else ""
         if not (isinstance(uuid, str) and isinstance(name, str) and isinstance(endpoint, str)
-                and isinstance(pid, int) and isinstance(lite, bool)):
+                and isinstance(pid, int) and isinstance(lite, bool) and isinstance(link, str)):
             raise ValueError("member info has fields of the wrong type")
-        return cls(uuid, name, endpoint, pid, lite)
+        return cls(uuid, name, endpoint, pid, lite, link)
 
 
 @dataclass(frozen=True, slots=True)

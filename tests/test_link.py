@@ -1,0 +1,155 @@
+"""Links (grid/link.py): messages of frames over a TCP connection, whole and in order, whatever
+the sizes and however the bytes arrive; a broken or lying peer ends the link."""
+
+from __future__ import annotations
+
+import random
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from grid.client.invocation import Invoker
+from grid.link import FRAME, Link, LinkError, address_of, encode, listen
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pair():
+    """make(max_frame_bytes) -> (a link we opened, the link the other end accepted)."""
+    opened: list[Link] = []
+
+    def make(max_frame_bytes: int = 1 << 30) -> tuple[Link, Link]:
+        listener = listen("127.0.0.1")
+        try:
+            ours = Link.connect(address_of(listener), max_frame_bytes)
+            listener.setblocking(True)
+            sock, _ = listener.accept()
+        finally:
+            listener.close()
+        theirs = Link(sock, max_frame_bytes)
+        opened.extend((ours, theirs))
+        return ours, theirs
+
+    yield make
+    for link in opened:
+        link.close()
+
+
+def take(receiver: Link, count: int, sender: Link | None = None) -> list[list[bytes]]:
+    """Messages until ``count`` came, sending what waits in ``sender`` meanwhile."""
+    messages: list[list[bytes]] = []
+    deadline = time.monotonic() + 20
+    while len(messages) < count:
+        assert time.monotonic() < deadline, f"only {len(messages)} of {count} messages came"
+        if sender is not None:
+            assert sender.flush()
+        select.select([receiver.sock], [], [], 0.01)
+        messages += receiver.receive()
+    return messages
+
+
+def test_messages_of_any_shape_come_whole_and_in_order(pair):
+    ours, theirs = pair()
+    rng = random.Random(1)
+    sent = [[rng.randbytes(rng.choice((0, 1, 5, 300))) for _ in range(rng.randint(1, 5))]
+            for _ in range(500)]
+    for message in sent:
+        assert ours.send(message)
+    assert take(theirs, len(sent), ours) == sent
+
+
+def test_bytes_that_come_one_at_a_time_make_the_same_messages():
+    """A peer that writes a byte at a time: every split of headers and frames is seen."""
+    listener = listen("127.0.0.1")
+    writer = socket.create_connection(listener.getsockname())
+    listener.setblocking(True)
+    sock, _ = listener.accept()
+    listener.close()
+    reader = Link(sock, 1 << 20)
+    try:
+        sent = [[b"header", b"key", b"value" * 20], [b""], [b"x" * 3000, b"y"]]
+        data = b"".join(encode(message) for message in sent)
+        got: list[list[bytes]] = []
+        for i in range(len(data)):
+            writer.sendall(data[i:i + 1])
+            select.select([reader.sock], [], [], 0.01)
+            got += reader.receive()
+        assert got == sent
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_message_larger_than_the_socket_takes_waits_in_the_link(pair):
+    ours, theirs = pair()
+    big = [b"h", random.Random(2).randbytes(16 * 1024 * 1024)]
+    assert ours.send(big)
+    assert ours.wants_write, "16 MiB do not fit the socket's buffer at once"
+    assert ours.send([b"after"])  # queued behind it, never ahead
+    assert take(theirs, 2, ours) == [big, [b"after"]]
+    assert not ours.wants_write
+
+
+def test_a_closed_peer_ends_the_link_after_what_it_sent(pair):
+    ours, theirs = pair()
+    assert ours.send([b"last", b"words"])
+    ours.close()
+    assert not ours.send([b"more"]), "a closed link sends nothing"
+    assert take(theirs, 1) == [[b"last", b"words"]]
+    with pytest.raises(LinkError):
+        for _ in range(100):
+            select.select([theirs.sock], [], [], 0.05)
+            theirs.receive()
+    assert theirs.closed
+
+
+def test_a_frame_beyond_the_limit_ends_the_link(pair):
+    ours, theirs = pair(max_frame_bytes=1000)
+    ours.send([b"x" * 1001])
+    with pytest.raises(LinkError, match="1001 bytes"):
+        take(theirs, 1, ours)
+    assert theirs.closed
+
+
+def test_a_header_with_a_bad_flag_ends_the_link(pair):
+    ours, theirs = pair()
+    ours.sock.sendall(FRAME.pack(1, 7) + b"x")
+    with pytest.raises(LinkError, match="flag 7"):
+        take(theirs, 1)
+
+
+def test_nobody_listening_is_an_error_at_connect():
+    listener = listen("127.0.0.1")
+    address = address_of(listener)
+    listener.close()
+    with pytest.raises(OSError):
+        Link.connect(address, 1 << 20)
+
+
+def test_a_client_gives_up_at_once_on_a_request_whose_link_broke():
+    """The member died with the request on its link: the client learns it from the closed
+    connection and retries elsewhere, instead of waiting out the attempt."""
+    listener = listen("127.0.0.1")
+    listener.setblocking(True)
+
+    def die_after_the_request() -> None:
+        sock, _ = listener.accept()
+        sock.recv(1024)
+        sock.close()
+
+    dying = threading.Thread(target=die_after_the_request)
+    dying.start()
+    invoker = Invoker([], "c", invocation_timeout=30.0, attempt_timeout=30.0)
+    try:
+        invoker.link_addresses["tcp://127.0.0.1:1"] = address_of(listener)
+        began = time.monotonic()
+        assert invoker.exchange([("tcp://127.0.0.1:1", "ping", {}, [])], 30.0) == [None]
+        assert time.monotonic() - began < 5.0
+    finally:
+        dying.join()
+        listener.close()
+        invoker.close()

@@ -1,11 +1,12 @@
 """Links: the data path's requests and replies over a plain TCP connection on the host.
 
-ZeroMQ hands every message to an I/O thread on each end. On this machine class that costs
-about 20 µs of CPU per side and 47 µs per round trip, against 7 µs and 14 µs for a
-non-blocking socket read and written by the caller's own thread (``tools/bench_transport.py``).
-A put crosses two round trips (client to owner, owner to backup), so members talk to each
-other, and clients to the members they know from the member list, over links. ZeroMQ stays
-for everything else: the supervisor, seed addresses, and a member not reachable by a link.
+ZeroMQ hands every message to an I/O thread on each end: two more thread wake-ups per message,
+which on a small virtual machine cost more than the send itself. A non-blocking socket read and
+written by the loop's own thread saves them (``tools/bench_transport.py`` measures a bare round
+trip both ways). A put crosses two round trips (client to owner, owner to backup), so members
+talk to each other, and clients to the members they know from the member list, over links.
+ZeroMQ stays for everything else: the supervisor, seed addresses, and a member not reachable
+by a link.
 
 A link keeps what a DEALER and ROUTER pair gave: messages of frames, in order, never torn; a
 broken connection loses what was in flight (as a ZeroMQ reconnect may), and the caller's
@@ -22,7 +23,12 @@ import socket
 import struct
 from collections.abc import Sequence
 
+import zmq
+
 FRAME = struct.Struct("<IB")
+# ZeroMQ's poll flags as plain ints: both loops poll links with zmq's poller, and its IntFlag
+# arithmetic costs microseconds a message.
+POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 RECV_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 1.0
 

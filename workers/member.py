@@ -28,7 +28,7 @@ import zmq
 from grid import protocol as p
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
-from grid.link import Link, LinkError, address_of, listen
+from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError, address_of, listen
 from workers.journal import Journal
 from workers.local_reads import LocalReadDirectory
 from workers.node import Node
@@ -265,7 +265,7 @@ class Member(Node):
             self._drop_link(link.fd)
             return False
         if link.wants_write:  # the socket took part of it: the loop sends the rest
-            self.poller.modify(link.fd, zmq.POLLIN | zmq.POLLOUT)
+            self.poller.modify(link.fd, POLLIN | POLLOUT)
         return True
 
     def _accept_links(self) -> None:
@@ -285,13 +285,13 @@ class Member(Node):
         if entry is None:
             return  # dropped earlier in this round
         ident, link = entry
-        if event & zmq.POLLOUT:
+        if event & POLLOUT:
             if not link.flush():
                 self._drop_link(fd)
                 return
             if not link.wants_write:
-                self.poller.modify(fd, zmq.POLLIN)
-        if not event & (zmq.POLLIN | zmq.POLLERR):
+                self.poller.modify(fd, POLLIN)
+        if not event & (POLLIN | POLLERR):
             return
         try:
             messages = link.receive()

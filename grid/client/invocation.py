@@ -33,7 +33,7 @@ from grid.errors import (
     PartlyAppliedError,
     ProtocolError,
 )
-from grid.link import Link, LinkError
+from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError
 from grid.partition.table import PartitionTable, PartitionTableError
 
 # The largest reply frame a link takes: a member's own limit on what it is sent.
@@ -139,7 +139,7 @@ class Invoker:
                 events = zmq.zmq_poll(self._polled(wanted, results), slice_ms)
                 for sock, mask in events:
                     if sock.__class__ is not int:
-                        if mask & zmq.POLLIN:
+                        if mask & POLLIN:
                             self._collect(sock, wanted, results)
                     elif not self._on_link(sock, mask, wanted, results):
                         break  # a link broke: its requests get no reply
@@ -152,9 +152,9 @@ class Invoker:
         for endpoint in {ep for rid, ep in wanted.items() if rid not in results}:
             link = self.links.get(endpoint) if endpoint in self.link_addresses else None
             if link is None:
-                polled.append((self.sockets[endpoint], zmq.POLLIN))
+                polled.append((self.sockets[endpoint], POLLIN))
             else:
-                polled.append((link.fd, zmq.POLLIN | (zmq.POLLOUT if link.wants_write else 0)))
+                polled.append((link.fd, POLLIN | (POLLOUT if link.wants_write else 0)))
         return polled
 
     def _on_link(self, fd: int, mask: int, wanted: dict[int, str],
@@ -163,9 +163,9 @@ class Invoker:
         (its waiting requests are given up: the caller retries them)."""
         endpoint, link = next((ep, lk) for ep, lk in self.links.items() if lk.fd == fd)
         try:
-            if mask & zmq.POLLOUT and not link.flush():
+            if mask & POLLOUT and not link.flush():
                 raise LinkError("the link broke")
-            messages = link.receive() if mask & (zmq.POLLIN | zmq.POLLERR) else []
+            messages = link.receive() if mask & (POLLIN | POLLERR) else []
         except LinkError:
             self._drop_socket(endpoint)
             for rid in [rid for rid, ep in wanted.items() if ep == endpoint]:

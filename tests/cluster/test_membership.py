@@ -32,6 +32,15 @@ def test_wire_round_trip_and_rejects_garbage():
             MemberList.from_wire(bad)
 
 
+def test_member_info_carries_its_link_and_reads_views_saved_before_links():
+    info = MemberInfo("u1", "member-1", "tcp://127.0.0.1:5000", 42, False, "127.0.0.1:5001")
+    assert MemberInfo.from_wire(info.to_wire()) == info
+    old = MemberInfo.from_wire(["u1", "member-1", "tcp://127.0.0.1:5000", 42, False])
+    assert old.link == ""  # a view from before links: the member is reached by ZeroMQ
+    with pytest.raises(ValueError):
+        MemberInfo.from_wire(["u1", "member-1", "tcp://127.0.0.1:5000", 42, False, 5001])
+
+
 def test_duplicate_join_is_refused():
     ml = MemberList().with_member(info(0))
     with pytest.raises(ValueError):

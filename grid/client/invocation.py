@@ -60,6 +60,7 @@ class Invoker:
         self.attempt_timeout = attempt_timeout
         self.sockets: dict[str, zmq.Socket] = {}
         self.links: dict[str, Link] = {}  # endpoint -> open link
+        self.link_endpoints: dict[int, str] = {}  # an open link's file descriptor -> endpoint
         self.link_addresses: dict[str, str] = {}  # endpoint -> its member's link listener
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
@@ -97,6 +98,8 @@ class Invoker:
             sock.close(0)
         link = self.links.pop(endpoint, None)
         if link is not None:
+            if self.link_endpoints.get(link.fd) == endpoint:  # (a closed link's fd is reused)
+                del self.link_endpoints[link.fd]
             link.close()
 
     def _send(self, endpoint: str, frames: list[bytes]) -> bool:
@@ -107,10 +110,12 @@ class Invoker:
             return True
         link = self.links.get(endpoint)
         if link is None or link.closed:
+            self._drop_socket(endpoint)  # (the closed link, and a seed's DEALER, if any)
             try:
                 link = self.links[endpoint] = Link.connect(address, MAX_REPLY_BYTES)
             except OSError:
                 return False
+            self.link_endpoints[link.fd] = endpoint
         return link.send(frames)
 
     def exchange(self, requests: list[tuple[str, str, dict[str, Any], list[bytes]]],
@@ -161,7 +166,8 @@ class Invoker:
                  results: dict[int, Reply]) -> bool:
         """Send what waits on the link with ``fd`` and take its replies; False if it broke
         (its waiting requests are given up: the caller retries them)."""
-        endpoint, link = next((ep, lk) for ep, lk in self.links.items() if lk.fd == fd)
+        endpoint = self.link_endpoints[fd]
+        link = self.links[endpoint]
         try:
             if mask & POLLOUT and not link.flush():
                 raise LinkError("the link broke")
@@ -377,4 +383,5 @@ class Invoker:
             for link in self.links.values():
                 link.close()
             self.links.clear()
+            self.link_endpoints.clear()
             self.ctx.term()

@@ -67,6 +67,9 @@ class Invoker:
         self.members = MemberList()
         self.table: PartitionTable | None = None
         self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
+        # Each partition's owner endpoint, built from the table and endpoints on first use
+        # after either changed: every batch looks up one per partition it touches.
+        self._owner_endpoints: list[str | None] | None = None
         self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.dead_pids: set[int] = set()  # member processes seen gone: asked no more
@@ -275,10 +278,17 @@ class Invoker:
             self.table = table
         else:
             self.table.apply(table)
+        self._owner_endpoints = None
 
     def owner_endpoint(self, pid: int) -> str | None:
-        owner = self.table.owner(pid) if self.table else None
-        return self.endpoints.get(owner) if owner else None
+        owners = self._owner_endpoints
+        if owners is None:
+            if not self.table:
+                return None
+            endpoints, table = self.endpoints, self.table
+            owners = self._owner_endpoints = [
+                endpoints.get(table.owner(i)) for i in range(table.partition_count)]  # type: ignore[arg-type]
+        return owners[pid]
 
     # -- partition invocations with retries ------------------------------------------------
 
@@ -370,6 +380,8 @@ class Invoker:
                 moved = self.table.take_row(pid, version, replicas) or moved
             except (TypeError, ValueError, PartitionTableError):
                 continue  # a malformed hint is only a hint
+        if moved:
+            self._owner_endpoints = None
         return moved
 
     def close(self) -> None:

@@ -182,13 +182,42 @@ class LocalReader:
         finally:
             lock.release()
 
+    def get_many(self, namespace: str, reads: list[tuple[int, str, str, bytes]]
+                 ) -> list[bytes | None | Any]:
+        """``get`` of many (pid, owner uuid, owner name, key) at once, under the same
+        conditions: each owner's directory is looked up once, while its lease and served
+        flags are still checked for every key."""
+        out: list[bytes | None | Any] = []
+        append = out.append
+        owners: dict[str, Any] = {}  # owner name -> (view, slots, valid until), or a miss
+        monotonic = time.monotonic
+        with self._lock:
+            for pid, owner_uuid, owner_name, key in reads:
+                checked = owners.get(owner_name)
+                if checked is None or (checked.__class__ is tuple
+                                       and monotonic() >= checked[2]):
+                    checked = owners[owner_name] = self._owner_slots(namespace, owner_uuid,
+                                                                     owner_name)
+                if checked.__class__ is not tuple or checked[0].mm[_SERVED + pid] != 1:
+                    self.misses += 1
+                    append(UNPUBLISHED if checked is UNPUBLISHED else MISS)
+                    continue
+                append(self._read_slot(checked[0], checked[1], namespace, pid, None, probe,
+                                       (key_hash(key), key)))
+        return out
+
     def _read_locked(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
                      empty: Any, read: Any, args: tuple) -> Any:
-        slots = self._checked_slots(namespace, pid, owner_uuid, owner_name)
-        if slots is None or slots is UNPUBLISHED:
+        checked = self._owner_slots(namespace, owner_uuid, owner_name)
+        if checked.__class__ is not tuple or checked[0].mm[_SERVED + pid] != 1:
             self.misses += 1
-            return MISS if slots is None else UNPUBLISHED
-        view = self._views[owner_name]
+            return UNPUBLISHED if checked is UNPUBLISHED else MISS
+        return self._read_slot(checked[0], checked[1], namespace, pid, empty, read, args)
+
+    def _read_slot(self, view: _MemberView, slots: mmap.mmap, namespace: str, pid: int,
+                   empty: Any, read: Any, args: tuple) -> Any:
+        """``read`` of the fragment that partition ``pid``'s slot points at, within the
+        slot's seqlock; MISS when it does not settle in ATTEMPTS tries."""
         base = SLOT.size * pid
         for _ in range(ATTEMPTS):
             seq, settled, arena_1, index_1 = SLOT.unpack_from(slots, base)
@@ -219,11 +248,12 @@ class LocalReader:
         self._asked[key] = now
         return True
 
-    def _checked_slots(self, namespace: str, pid: int, owner_uuid: str, owner_name: str
-                       ) -> mmap.mmap | None | Any:
-        """The namespace's slot segment on the owner when the owner may be read now (its
-        directory is this process's, not fenced, within its lease, serving ``pid``); None
-        when not, UNPUBLISHED when the owner does not publish the namespace."""
+    def _owner_slots(self, namespace: str, owner_uuid: str, owner_name: str
+                     ) -> tuple[_MemberView, mmap.mmap, float] | None | Any:
+        """The owner's view, the namespace's slot segment there and the end of the owner's
+        lease, when the owner may be read now (its directory is this process's, not fenced,
+        within its lease); None when not, UNPUBLISHED when it does not publish the
+        namespace. The caller still checks that the owner serves the partition."""
         view = self._views.get(owner_name)
         if view is None or view.uuid != owner_uuid:
             view = self._open(owner_name, owner_uuid)
@@ -242,9 +272,9 @@ class LocalReader:
             self._next_sweep = now + SWEEP_S
             for other in self._views.values():
                 other.sweep()
-        if now >= valid_until or mm[_SERVED + pid] != 1:
+        if now >= valid_until:
             return None
-        return slots
+        return view, slots, valid_until
 
     def _open(self, name: str, uuid: str) -> _MemberView | None:
         self._drop(name)

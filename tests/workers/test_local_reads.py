@@ -205,6 +205,28 @@ def test_the_reader_refuses_an_unsettled_slot_an_unserved_partition_and_an_old_l
     assert reader.get("m", b"k", 1, UUID, member) == b"v2"
 
 
+def test_a_batch_of_reads_is_refused_key_by_key_as_single_reads_are(published) -> None:
+    store, reader, member = published
+    store.put(2, "m", b"j", b"w")
+    store.settle(2, "m")
+    reads = [(1, UUID, member, b"k"), (2, UUID, member, b"j"), (1, UUID, member, b"absent"),
+             (3, UUID, member, b"k")]
+    assert reader.get_many("m", reads) == [b"v", b"w", None, None]
+    store.put(1, "m", b"k", b"v2")  # unsettled: partition 1 is not read, 2 still is
+    assert reader.get_many("m", reads[:2]) == [MISS, b"w"]
+    store.settle(1, "m")
+    store.local.set_served(2, False)
+    assert reader.get_many("m", reads[:2]) == [b"v2", MISS]
+    store.local.set_served(2, True)
+    store.local.renew(time.monotonic() - 0.001)  # the lease ran out: nothing is read
+    assert reader.get_many("m", reads[:2]) == [MISS, MISS]
+    store.local.renew(math.inf)
+    other = "00000000-0000-0000-0000-000000000002"
+    assert reader.get_many("m", [(1, other, member, b"k")]) == [MISS]
+    assert reader.get_many("other map", reads[:1]) == [UNPUBLISHED]
+    assert reader.get_many("m", []) == []
+
+
 def test_the_reader_refuses_another_member_and_a_fenced_one(published) -> None:
     store, reader, member = published
     other_uuid = "00000000-0000-0000-0000-000000000002"
@@ -330,8 +352,17 @@ def _local_scan(reader: LocalReader, member: str, key: int) -> object:
     return [(items[i], msgpack.packb(items[i + 1])) for i in range(0, len(items), 2)]
 
 
+def _local_get_many(reader: LocalReader, member: str, key: int) -> object:
+    """[(key, value)] of a batch of local gets of four keys (those answered), or MISS."""
+    keys = [(key + i) % KEY_COUNT for i in range(4)]
+    values = reader.get_many("m", [(0, UUID, member, _key(k)) for k in keys])
+    found = [(k, v) for k, v in zip(keys, values, strict=True) if v.__class__ is bytes]
+    return found if found or None in values else MISS
+
+
 @pytest.mark.parametrize("big", [False, True], ids=["small-values", "70KB-values"])
-@pytest.mark.parametrize("read", [_local_get, _local_scan], ids=["get", "scan"])
+@pytest.mark.parametrize("read", [_local_get, _local_get_many, _local_scan],
+                         ids=["get", "get_many", "scan"])
 def test_readers_racing_a_writer_never_see_a_torn_or_invented_value(read, big) -> None:
     checked, gave_up = _race(unique_prefix(), 2.0, read, big)
     # A whole-fragment scan under a writer this fast often gives up (a seqlock starves long

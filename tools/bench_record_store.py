@@ -101,6 +101,18 @@ def bench_store(keys: list[bytes], value: bytes, prefix: str) -> dict[str, float
 
         rates["items() iteration"] = best_rate(n, iterate, lambda: None)
 
+        def scan_whole() -> None:
+            store.concatenated(pid, namespace)
+
+        rates["scan: concatenated (one reply)"] = best_rate(n, scan_whole, lambda: None)
+
+        def scan_chunks() -> None:
+            low: int | None = 0
+            while low is not None:
+                low = store.concatenated_from(pid, namespace, low, 4 << 20)[2]
+
+        rates["scan: 4 MiB hash-range chunks"] = best_rate(n, scan_chunks, lambda: None)
+
         def remove_all() -> None:
             for key in keys:
                 store.remove(pid, namespace, key)

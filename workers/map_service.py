@@ -44,7 +44,7 @@ from grid.partition.replica_versions import (
     BackupDecision,
     ReplicaVersions,
 )
-from workers.record_store import FragmentLoan, ValueTooLargeError
+from workers.record_store import HASH_SPACE, FragmentLoan, ValueTooLargeError
 
 if TYPE_CHECKING:
     from workers.node import Node
@@ -495,17 +495,42 @@ class MapService:
                            **self._wrong(wrong))
 
     def _on_entries(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
-        """Every entry of the asked partitions: per partition one frame, its serialized keys
-        and values laid end to end (the client decodes a frame in one call)."""
+        """The entries of the asked partitions: per partition one frame, its serialized keys
+        and values laid end to end (the client decodes a frame in one call).
+
+        With ``max_bytes``, a scan in chunks: each partition is read from the key hash that
+        ``from`` gives it, until the reply holds about ``max_bytes`` (at least one record);
+        ``next`` says per partition where its next chunk starts (None: it is done). Without,
+        every partition comes whole."""
         ns = self._ns(header)
-        owned, wrong = self._split(self._pids(header), write=False)
-        payload, counts = [], []
+        pids = self._pids(header)
+        max_bytes, lows = header.get("max_bytes"), header.get("from")
+        if max_bytes is not None:
+            if not isinstance(max_bytes, int) or max_bytes < 1 or not isinstance(lows, list) \
+                    or len(lows) != len(pids) or not all(
+                        isinstance(low, int) and 0 <= low < HASH_SPACE for low in lows):
+                raise ProtocolError("a chunked scan needs max_bytes >= 1 and a start hash "
+                                    "(from) per partition")
+            low_of = dict(zip(pids, lows, strict=True))
+        owned, wrong = self._split(pids, write=False)
+        payload, counts, bounds = [], [], []
+        budget = max_bytes
         for pid in owned:
-            data, records = self.store.concatenated(pid, ns)
+            if budget is None:
+                data, records = self.store.concatenated(pid, ns)
+            elif budget <= 0:  # the reply is full: this partition waits for the next one
+                data, records, bound = b"", 0, low_of[pid]
+            else:
+                data, records, bound = self.store.concatenated_from(pid, ns, low_of[pid],
+                                                                    budget)
+                budget -= len(data)
             payload.append(data)
             counts.append(records * 2)  # items: a key and a value each
+            if budget is not None:
+                bounds.append(bound)
+        chunked = {} if max_bytes is None else {"next": bounds}
         self._answer_after(ident, header, [(pid, ns) for pid in owned], payload, pids=owned,
-                           counts=counts, **self._wrong(wrong))
+                           counts=counts, **chunked, **self._wrong(wrong))
 
     # -- replication: the owner's side -----------------------------------------------------
 

@@ -41,6 +41,7 @@ header_bytes = _HEADER.size
 _unpack_header = _HEADER.unpack_from
 _pack_header = _HEADER.pack_into
 _HASH_MASK = (1 << 64) - 1
+HASH_SPACE = 1 << 64  # key hashes are below this: where a scan ends
 u32_max = (1 << 32) - 1
 segment_name_attempts_max = 1000  # names already taken (stale segments) skipped per creation
 
@@ -440,15 +441,16 @@ class _Fragment:
         next(iterator)  # runs the pin; from here on, dropping the iterator unpins it
         return iterator
 
-    def concatenated(self) -> tuple[bytes, int]:
-        """Every live record's key and value bytes laid end to end, and the record count.
+    def concatenated(self, offsets: list[int] | None = None) -> tuple[bytes, int]:
+        """Every live record's key and value bytes laid end to end (or only the records at
+        ``offsets``), and the record count.
 
         In the arena a record's key and value are adjacent, so this is one slice a record (a
         scan's hot path: the client decodes the whole run with one msgpack call)."""
         mm = self.mm
         parts = []
         append = parts.append
-        for offset in self.offsets_sorted():
+        for offset in self.offsets_sorted() if offsets is None else offsets:
             key_size, value_size = _unpack_header(mm, offset)
             start = offset + header_bytes
             append(mm[start : start + key_size + value_size])
@@ -766,6 +768,46 @@ class RecordStore:
         except KeyError:
             return b"", 0
         return fragment.concatenated()
+
+    def concatenated_from(self, pid: int, namespace: str, low: int, max_bytes: int
+                          ) -> tuple[bytes, int, int | None]:
+        """One chunk of a scan that reads the fragment in ranges of key hashes: the records
+        whose hash is at least ``low`` and below a bound chosen so that their keys and values
+        (laid end to end, as ``concatenated``) take about ``max_bytes`` at most, though
+        always at least one record when any is left; their count; and the bound, where the
+        next chunk starts, or None when no record is left above it.
+
+        Each chunk is one state of its hash range; an entry present throughout a scan is in
+        exactly one chunk (its hash never changes), whichever replica serves the next chunk.
+        Choosing the bound costs a pass over the index, not a sort: hashes are uniform, so a
+        range's share of the hash space is its expected share of the records. So a scan of
+        a fragment of n records in c chunks costs c passes over its index."""
+        try:
+            fragment = self._partitions[pid][namespace]
+        except KeyError:
+            return b"", 0, None
+        if low == 0 and fragment.live_bytes <= max_bytes:
+            return (*fragment.concatenated(), None)  # the whole fragment fits: the fast path
+        # Records are spread uniformly over the hash space: take the share of the range above
+        # ``low`` that should hold ``max_bytes`` (90% of it, so that most chunks fit at once).
+        expected = fragment.live_bytes * (HASH_SPACE - low) / HASH_SPACE
+        high = HASH_SPACE if expected <= max_bytes else \
+            low + int((HASH_SPACE - low) * 0.9 * max_bytes / expected)
+        index = fragment.index
+        while True:
+            selected = [(h, entry) for h, entry in index.items() if low <= h < high]
+            if not selected:  # nothing in range: end it just after the next record, if any
+                following = min((h for h in index if h >= high), default=None)
+                if following is None:
+                    return b"", 0, None
+                high = following + 1
+                continue
+            data, count = fragment.concatenated(sorted(
+                offset for _, entry in selected
+                for offset in ((entry,) if entry.__class__ is int else entry)))
+            if len(data) <= max_bytes or len(selected) == 1:
+                return data, count, (None if high >= HASH_SPACE else high)
+            high = low + (high - low) // 2  # an unlucky spread: half the range
 
     # -- fragments and partitions ----------------------------------------------------------
 

@@ -8,7 +8,6 @@ retries; batch methods send one message per owning member (in chunks of about
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from grid.serialization import (
 
 BATCH_BYTES = 4 * 1024 * 1024
 SCAN_PARTITIONS_PER_REQUEST = 8
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # about the most a scan's reply holds
 _MISSING = object()
 
 
@@ -127,16 +127,20 @@ class Map:
         extra = {"publish": True} if publish else {}
         return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
 
-    def _local_read(self, pid: int, key_bytes: bytes | None) -> tuple[Any, bool]:
-        """A local get of ``key_bytes``, or with None a local scan of the partition (see
-        LocalReader), and whether to ask the owner to publish the map."""
+    def _owner_names(self) -> dict[str, str]:
+        """Member uuid -> name (a member's shared memory is named for it), per member list."""
         invoker = self._invoker
-        owner = invoker.table.owner(pid)
         members, names = self._member_names
         if members is not invoker.members:
             names = {m.uuid: m.name for m in invoker.members.members}
             self._member_names = (invoker.members, names)
-        name = names.get(owner) if owner is not None else None
+        return names
+
+    def _local_read(self, pid: int, key_bytes: bytes | None) -> tuple[Any, bool]:
+        """A local get of ``key_bytes``, or with None a local scan of the partition (see
+        LocalReader), and whether to ask the owner to publish the map."""
+        owner = self._invoker.table.owner(pid)
+        name = self._owner_names().get(owner) if owner is not None else None
         if name is None:
             return MISS, False
         local = self._local
@@ -240,21 +244,25 @@ class Map:
         """The present entries among ``keys``: one message per owning member (with local
         reads on, only for the keys that could not be read from shared memory)."""
         count = self._partition_count
-        by_pid: dict[int, list[bytes]] = defaultdict(list)
+        by_pid: dict[int, list[bytes]] = {}
         result: dict[Any, Any] = {}
         local = self._local
         publish = False  # ask the owners to publish the map (a local read found it not)
+        pack = msgpack.Packer().pack  # the hot loop: serialize_key and partition_id_of inline
+        hash32 = mmh3.hash
+        wanted = []
         for key in keys:
-            key_bytes = serialize_key(key)
-            if local is not None:
-                value, ask = self._local_read(partition_id_of(key_bytes, count), key_bytes)
-                if value.__class__ is bytes:
-                    result[key] = deserialize_value(value)
-                    continue
-                if value is None:
-                    continue
-                publish = publish or ask
-            by_pid[partition_id_of(key_bytes, count)].append(key_bytes)
+            key_bytes = pack(key) if type(key) is str else serialize_key(key)
+            h = hash32(key_bytes, 0, True)
+            wanted.append(((0 if h == INT32_MIN else abs(h)) % count, key_bytes, key))
+        if local is not None:
+            wanted, publish = self._get_locally(wanted, result)
+        for pid, key_bytes, _ in wanted:
+            keys_of = by_pid.get(pid)
+            if keys_of is None:
+                by_pid[pid] = [key_bytes]
+            else:
+                keys_of.append(key_bytes)
         if not by_pid:
             return result
         extra = {"publish": True} if publish else {}
@@ -267,19 +275,55 @@ class Map:
 
         def handle(group: list[int], header: dict, frames: list[bytes]) -> None:
             flat = decode_concatenated(frames[0], header.get("n", 0)) if frames else []
-            for i in range(0, len(flat), 2):
-                result[_as_key(flat[i])] = flat[i + 1]
+            found_keys = flat[0::2]
+            if list in set(map(type, found_keys)):  # tuple keys came back as lists
+                found_keys = [_as_key(k) for k in found_keys]
+            result.update(zip(found_keys, flat[1::2], strict=True))
 
         self._invoker.invoke_partitions(p.GET_ALL, list(by_pid), build, handle)
         return result
 
-    def scan_partitions(self, partition_ids: Sequence[int],
-                        batch_size: int = 10_000) -> Iterator[tuple[list, list]]:
-        """(keys, values) batches of the given partitions, each read whole from its owner.
+    def _get_locally(self, wanted: list[tuple[int, bytes, Any]], result: dict[Any, Any]
+                     ) -> tuple[list[tuple[int, bytes, Any]], bool]:
+        """Put in ``result`` the (pid, key bytes, key) read from shared memory (one
+        LocalReader call for all); return the ones to ask their owners for, and whether to
+        ask them to publish the map."""
+        names = self._owner_names()
+        owners = self._invoker.table.owner  # type: ignore[union-attr]
+        reads, readable, remote = [], [], []
+        for item in wanted:
+            owner = owners(item[0])
+            name = names.get(owner) if owner is not None else None
+            if name is None:
+                remote.append(item)
+            else:
+                reads.append((item[0], owner, name, item[1]))
+                readable.append(item)
+        local = self._local
+        values = local.get_many(self.name, reads)  # type: ignore[union-attr]
+        publish, now = False, time.monotonic()
+        for item, read, value in zip(readable, reads, values, strict=True):
+            if value.__class__ is bytes:
+                result[item[2]] = deserialize_value(value)
+            elif value is not None:
+                remote.append(item)
+                publish = publish or (value is UNPUBLISHED and local.should_ask_to_publish(  # type: ignore[union-attr]
+                    read[2], self.name, now))
+        return remote, publish
 
-        A partition is read in one reply, so it is a consistent snapshot of that partition;
-        one that moves before it is read is read again from its new owner.
+    def scan_partitions(self, partition_ids: Sequence[int], batch_size: int = 10_000,
+                        chunk_bytes: int = SCAN_CHUNK_BYTES) -> Iterator[tuple[list, list]]:
+        """(keys, values) batches of the given partitions, read from their owners in replies
+        of about ``chunk_bytes`` each (one record may be larger).
+
+        A partition that fits (what is left of it) comes in one reply: a consistent snapshot
+        of it. A larger one comes in chunks, ranges of key hashes, each a snapshot of its
+        range: an entry present for the whole scan is returned exactly once, one written or
+        removed meanwhile may or may not be, and none is returned twice. A partition that
+        moves mid-scan goes on at its new owner from the range where it stopped.
         """
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         pids = list(partition_ids)
         keys: list = []
         values: list = []
@@ -287,32 +331,44 @@ class Map:
             self._invoker.refresh()
         for at in range(0, len(pids), SCAN_PARTITIONS_PER_REQUEST):
             decoded: list[list] = []
-
-            def handle(group: list[int], header: dict, frames: list[bytes],
-                       decoded: list[list] = decoded) -> None:
-                for frame, n in zip(frames, header.get("counts", []), strict=False):
-                    if n:
-                        decoded.append(decode_concatenated(frame, n))
-
             remote = pids[at:at + SCAN_PARTITIONS_PER_REQUEST]
-            fields: dict[str, Any] = {"ns": self.name}
+            fields: dict[str, Any] = {"ns": self.name, "max_bytes": chunk_bytes}
             if self._local is not None:  # read what can be read from shared memory
                 remote, publish = self._scan_locally(remote, decoded)
                 if publish:
                     fields["publish"] = True
-            if remote:
-                self._invoker.invoke_partitions(
-                    p.ENTRIES, remote,
-                    lambda group, fields=fields: ({**fields, "pids": group}, []), handle)
-            for flat in decoded:
-                batch_keys = flat[0::2]
-                if list in set(map(type, batch_keys)):  # tuple keys came back as lists
-                    batch_keys = [_as_key(k) for k in batch_keys]
-                keys.extend(batch_keys)
-                values.extend(flat[1::2])
-                if len(keys) >= batch_size:
-                    yield keys, values
-                    keys, values = [], []
+            lows = dict.fromkeys(remote, 0)  # partition -> the key hash its next chunk is from
+
+            def build(group: list[int], fields: dict[str, Any] = fields,
+                      lows: dict[int, int] = lows) -> tuple[dict, list]:
+                return {**fields, "pids": group, "from": [lows[pid] for pid in group]}, []
+
+            def handle(group: list[int], header: dict, frames: list[bytes],
+                       decoded: list[list] = decoded, lows: dict[int, int] = lows) -> None:
+                bounds = header.get("next") or [None] * len(frames)
+                for pid, frame, n, bound in zip(header.get("pids", group), frames,
+                                                header.get("counts", []), bounds, strict=False):
+                    if n:
+                        decoded.append(decode_concatenated(frame, n))
+                    if bound is None:
+                        lows.pop(pid, None)
+                    else:
+                        lows[pid] = bound
+
+            while True:
+                for flat in decoded:
+                    batch_keys = flat[0::2]
+                    if list in set(map(type, batch_keys)):  # tuple keys came back as lists
+                        batch_keys = [_as_key(k) for k in batch_keys]
+                    keys.extend(batch_keys)
+                    values.extend(flat[1::2])
+                    if len(keys) >= batch_size:
+                        yield keys, values
+                        keys, values = [], []
+                decoded.clear()
+                if not lows:
+                    break
+                self._invoker.invoke_partitions(p.ENTRIES, list(lows), build, handle)
         if keys:
             yield keys, values
 

@@ -4,6 +4,7 @@ import pytest
 
 import grid
 from grid import errors
+from grid import protocol as p
 from grid.serialization import partition_id_of, serialize_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,6 +64,38 @@ def test_batches_and_scans(client, request):
     assert all(len(k) == len(v) for k, v in batches)
     m.clear()
     assert m.size() == 0 and m.items() == []
+
+
+def test_scans_come_in_bounded_chunks(client, request):
+    """A scan with a small chunk size gets no reply much larger than it, and every entry
+    once, also while other entries are written between its chunks."""
+    m = client.get_map(request.node.name)
+    data = {f"k{i}": "v" * 500 for i in range(4000)}  # about 7 KiB a partition
+    m.put_all(data)
+    invoker = m._invoker
+    replies: list[int] = []
+    exchange = invoker.exchange
+
+    def counting(requests, timeout):
+        answered = exchange(requests, timeout)
+        if requests[0][1] == p.ENTRIES:
+            replies.extend(sum(map(len, reply[1])) for reply in answered if reply)
+        return answered
+
+    invoker.exchange = counting
+    scanned = []
+    for n, (keys, _values) in enumerate(m.scan_partitions(range(client.partition_count),
+                                                           batch_size=50,
+                                                           chunk_bytes=2_000)):
+        scanned += keys
+        m.put(f"new{n}", "written mid-scan")  # may or may not be seen; never twice
+        m.put(f"k{n}", "w" * 900)  # a rewritten entry: at most once
+    assert max(replies) <= 2_000 + 600, "a reply holds about chunk_bytes"
+    assert len(replies) > client.partition_count, "partitions came in several chunks"
+    assert len(scanned) == len(set(scanned)), "no entry twice"
+    assert set(data) <= set(scanned), "every entry present throughout is scanned"
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        next(m.scan_partitions([0], chunk_bytes=0))
 
 
 def test_maps_are_separate_namespaces(client, request):

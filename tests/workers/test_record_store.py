@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import gc
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -654,3 +655,68 @@ def test_concatenated_is_every_live_key_and_value_end_to_end(make_store) -> None
     assert count == len(items) == 50 - 17
     assert data == b"".join(k + v for k, v in items)
     assert store.concatenated(7, "other") == (b"", 0)
+
+
+def _scan_in_chunks(stores: list[RecordStore], max_bytes: int, record_bytes: int,
+                    between: Callable[[int], None] | None = None) -> list[bytes]:
+    """Every key of fragment 7/"m" by ``concatenated_from`` chunks (fixed-size records),
+    asking the stores in turn, as a client does when the owner changes mid-scan."""
+    keys, low, chunk = [], 0, 0
+    while low is not None:
+        data, count, bound = stores[chunk % len(stores)].concatenated_from(7, "m", low,
+                                                                            max_bytes)
+        assert len(data) == count * record_bytes
+        assert len(data) <= max_bytes or count == 1, "a chunk over budget holds one record"
+        assert bound is None or bound > low, "every chunk moves the scan on"
+        keys += [data[at:at + 6] for at in range(0, len(data), record_bytes)]
+        low, chunk = bound, chunk + 1
+        if between is not None:
+            between(chunk)
+    return keys
+
+
+@pytest.mark.parametrize("max_bytes", [1, 26, 100, 2_000, 1 << 20])
+def test_a_scan_in_hash_range_chunks_returns_every_record_once(make_store, max_bytes) -> None:
+    store = make_store()
+    keys = [f"k{i:05d}".encode() for i in range(1_500)]
+    store.put_many(7, "m", [(key, key * 3 + b"vv") for key in keys])  # 26-byte records
+    scanned = _scan_in_chunks([store], max_bytes, 26)
+    assert sorted(scanned) == keys
+    assert store.concatenated_from(8, "m", 0, max_bytes) == (b"", 0, None)
+    assert store.concatenated_from(7, "other", 5, max_bytes) == (b"", 0, None)
+
+
+def test_a_fragment_that_fits_comes_whole_in_one_chunk(make_store) -> None:
+    store = make_store()
+    store.put_many(7, "m", [(f"k{i:05d}".encode(), b"v" * 20) for i in range(100)])
+    data, count, bound = store.concatenated_from(7, "m", 0, 1 << 20)
+    assert (data, count, bound) == (*store.concatenated(7, "m"), None)
+
+
+def test_writes_during_a_chunked_scan_never_repeat_an_entry(make_store) -> None:
+    """Entries left alone come exactly once; ones rewritten (moved in the arena), removed or
+    added between chunks come at most once."""
+    store = make_store(initial_segment_bytes=4096)  # small: the rewrites compact it
+    keys = [f"k{i:05d}".encode() for i in range(2_000)]
+    store.put_many(7, "m", [(key, key * 3 + b"vv") for key in keys])
+    touched = set(keys[::7])
+
+    def rewrite(chunk: int) -> None:
+        for key in keys[chunk::7]:  # same size, so the records stay 26 bytes
+            store.remove(7, "m", key)
+            store.put(7, "m", key, b"rw" + key * 3)
+        store.put(7, "m", f"n{chunk:05d}".encode(), b"added".ljust(20, b"."))
+
+    scanned = _scan_in_chunks([store], 1_000, 26, between=rewrite)
+    assert len(scanned) == len(set(scanned)), "no entry twice"
+    assert set(keys) - set(scanned) <= touched, "every entry left alone is scanned"
+
+
+def test_a_chunked_scan_goes_on_at_another_replica_where_it_stopped(make_store) -> None:
+    """The bound is a key hash, not a position in one store: a new owner with the same
+    entries continues the scan without a gap or a repeat."""
+    owner, backup = make_store(), make_store(initial_segment_bytes=1 << 20)
+    keys = [f"k{i:05d}".encode() for i in range(1_000)]
+    owner.put_many(7, "m", [(key, key * 3 + b"vv") for key in keys])
+    backup.put_many(7, "m", [(key, key * 3 + b"vv") for key in reversed(keys)])
+    assert sorted(_scan_in_chunks([owner, backup], 1_500, 26)) == keys

@@ -429,13 +429,15 @@ class MapService:
         # Refuse a too large entry before anything is applied: a refusal half way would leave
         # the partitions before it written here and on no backup.
         limit = self.config.max_value_bytes
-        for items in groups.values():
-            for i in range(0, len(items), 2):
-                size = len(items[i]) + len(items[i + 1])
-                if size > limit:
-                    self.member.reply_error(ident, header, p.TOO_LARGE,
-                                            f"an entry of {size} bytes", size=size, limit=limit)
-                    return
+        if len(frames[0]) > limit:  # else no entry of the payload can be larger
+            for items in groups.values():
+                for i in range(0, len(items), 2):
+                    size = len(items[i]) + len(items[i + 1])
+                    if size > limit:
+                        self.member.reply_error(ident, header, p.TOO_LARGE,
+                                                f"an entry of {size} bytes", size=size,
+                                                limit=limit)
+                        return
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)

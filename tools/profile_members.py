@@ -1,7 +1,7 @@
 """Where the members' time goes under one synchronous client: py-spy samples of every member,
 summed by function.
 
-    python tools/profile_members.py put          # or get, put_all
+    python tools/profile_members.py put          # or get, put_all, get_all
     python tools/profile_members.py put --seconds 8 --rate 200
 
 Starts a 3-member cluster (backup 1), fills 20,000 keys with 100-byte values, runs the
@@ -69,7 +69,7 @@ def summarize(outputs: list[Path], top: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("operation", choices=["get", "put", "put_all"])
+    parser.add_argument("operation", choices=["get", "put", "put_all", "get_all"])
     parser.add_argument("--seconds", type=float, default=8.0, help="sampling time (default 8)")
     parser.add_argument("--rate", type=int, default=200, help="samples per second (default 200)")
     parser.add_argument("--top", type=int, default=40, help="functions to list (default 40)")
@@ -91,7 +91,8 @@ def main() -> int:
             calls = {"get": lambda i: m.get(keys[i % KEYS]),
                      "put": lambda i: m.put(keys[i % KEYS], value),
                      "put_all": lambda i: m.put_all(dict.fromkeys(batches[i % len(batches)],
-                                                                  value))}
+                                                                  value)),
+                     "get_all": lambda i: m.get_all(batches[i % len(batches)])}
             call = calls[args.operation]
             stop = threading.Event()
             done = [0]

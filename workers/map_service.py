@@ -475,19 +475,10 @@ class MapService:
     def _on_get_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
         groups = self._grouped_items(header, frames, 1)
-        wrong, parts, found, slots = [], [], 0, []
-        for pid, keys in groups.items():
-            if not self._servable(pid, write=False):
-                wrong.append(pid)
-                continue
-            slots.append((pid, ns))
-            for key, value in zip(keys, self.store.get_many(pid, ns, keys), strict=True):
-                if value is not None:
-                    parts.append(key)
-                    parts.append(value)
-                    found += 1
-        self._answer_after(ident, header, slots, [b"".join(parts)], n=found * 2,
-                           **self._wrong(wrong))
+        served, wrong = self._split(list(groups), write=False)
+        found = self.store.found_in(ns, [(pid, groups[pid]) for pid in served])
+        self._answer_after(ident, header, [(pid, ns) for pid in served], [b"".join(found)],
+                           n=len(found), **self._wrong(wrong))
 
     def _on_size(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)

@@ -42,6 +42,7 @@ _unpack_header = _HEADER.unpack_from
 _pack_header = _HEADER.pack_into
 _HASH_MASK = (1 << 64) - 1
 HASH_SPACE = 1 << 64  # key hashes are below this: where a scan ends
+_NO_FRAGMENTS: dict[str, Any] = {}
 u32_max = (1 << 32) - 1
 segment_name_attempts_max = 1000  # names already taken (stale segments) skipped per creation
 
@@ -751,6 +752,25 @@ class RecordStore:
             return [None for _ in keys]
         get = fragment.get
         return [get(key if key.__class__ is bytes else _key_bytes(key)) for key in keys]
+
+    def found_in(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]
+                 ) -> list[bytes]:
+        """The keys present among (pid, keys) groups, each followed by its value: a batched
+        get over many partitions in one call (a batch of 100 keys spans about 80)."""
+        fragments = self._partitions
+        found: list[bytes] = []
+        append = found.append
+        for pid, keys in groups:
+            fragment = fragments.get(pid, _NO_FRAGMENTS).get(namespace)
+            if fragment is None:
+                continue
+            get = fragment.get
+            for key in keys:
+                value = get(key if key.__class__ is bytes else _key_bytes(key))
+                if value is not None:
+                    append(key)
+                    append(value)
+        return found
 
     def items(self, pid: int, namespace: str) -> Iterator[tuple[bytes, bytes]]:
         """(key, value) pairs as of this call; writes during the iteration are not seen."""

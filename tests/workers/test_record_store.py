@@ -720,3 +720,15 @@ def test_a_chunked_scan_goes_on_at_another_replica_where_it_stopped(make_store) 
     owner.put_many(7, "m", [(key, key * 3 + b"vv") for key in keys])
     backup.put_many(7, "m", [(key, key * 3 + b"vv") for key in reversed(keys)])
     assert sorted(_scan_in_chunks([owner, backup], 1_500, 26)) == keys
+
+
+def test_found_in_gives_the_present_keys_of_many_partitions_with_their_values(
+        make_store) -> None:
+    store = make_store()
+    store.put(1, "m", b"a", b"1")
+    store.put(2, "m", b"b", b"2")
+    store.put(2, "other", b"c", b"3")
+    groups = [(1, [b"a", b"absent"]), (2, [b"c", b"b"]), (9, [b"a"])]
+    assert store.found_in("m", groups) == [b"a", b"1", b"b", b"2"]
+    assert store.found_in("other", groups) == [b"c", b"3"]
+    assert store.found_in("none", groups) == []

@@ -50,7 +50,8 @@ class ChaosOptions:
     keys: int = 10_000
     value_size: int = 100
     mix: dict[str, int] = field(default_factory=lambda: {
-        "get": 50, "put": 30, "put_if_absent": 5, "replace": 5, "remove": 5, "put_all": 5})
+        "get": 45, "put": 30, "put_if_absent": 5, "replace": 5, "remove": 5, "put_all": 5,
+        "get_all": 5})
     faults: dict[str, int] = field(default_factory=lambda: {
         "kill": 1, "pause": 1, "master-kill": 1, "stop-member": 1, "add-member": 1,
         "state-change": 1})

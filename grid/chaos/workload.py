@@ -3,8 +3,9 @@ recorded as it was invoked and how it ended (grid/chaos/history.py ``Op``).
 
 Values are unique per run: worker ``w``'s ``n``-th write carries ``w * 10**9 + n`` in its first
 8 bytes, padded to the value size, so the checker knows which write a read saw. A put_all is
-recorded as one put per key (its results are not observed). An operation ends "ok", "fail"
-(refused: it did not happen) or "info" (no answer in time: it may have happened).
+recorded as one put per key (its results are not observed), a get_all as one get per key.
+An operation ends "ok", "fail" (refused: it did not happen) or "info" (no answer in time: it
+may have happened).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 WRITE_BASE = 10**9
 MAP_NAME = "chaos"
-OPS = ("get", "put", "put_if_absent", "replace", "remove", "put_all")
+OPS = ("get", "put", "put_if_absent", "replace", "remove", "put_all", "get_all")
+BATCH_OPS = ("put_all", "get_all")  # on 2 to 10 keys
+READS = ("get", "get_all")
 
 
 def encode(value: int, size: int) -> bytes:
@@ -64,20 +67,24 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
         counter = 0
         while time.monotonic() < stop_at:
             f = rng.choices(names, weights)[0]
-            batch = rng.sample(range(keys), rng.randint(2, 10)) if f == "put_all" else \
+            batch = rng.sample(range(keys), rng.randint(2, 10)) if f in BATCH_OPS else \
                 [rng.randrange(keys)]
             values = []
             for _ in batch:
                 written += 1
                 values.append(worker * WRITE_BASE + written)
             result, status = None, "ok"
+            results = None  # a get_all's: key -> value
+            hits = reader.hits if reader is not None else 0
             invoke = time.monotonic()
             try:
-                if f == "put_all":
+                if f == "get_all":
+                    found = m.get_all([f"k{k}" for k in batch])
+                    results = {k: decode(found.get(f"k{k}")) for k in batch}
+                elif f == "put_all":
                     m.put_all({f"k{k}": encode(v, value_size) for k, v in zip(batch, values,
                                                                              strict=True)})
                 elif f == "get":
-                    hits = reader.hits if reader is not None else 0
                     result = decode(m.get(f"k{batch[0]}"))
                 elif f == "remove":
                     result = decode(m.remove(f"k{batch[0]}"))
@@ -86,17 +93,19 @@ def run_worker(cluster_name: str, worker: int, seed: int, keys: int, value_size:
                     result = decode(call(f"k{batch[0]}", encode(values[0], value_size)))
             except Exception as exc:  # recorded, never raised: the history says what happened
                 status = outcome(exc)
-                if f == "get":
+                if f in READS:
                     status = "fail"  # a read that did not answer changed nothing
             complete = time.monotonic()
-            local = f == "get" and reader is not None and reader.hits > hits
+            # (a get_all that read some of its keys locally marks all of them so)
+            local = f in READS and reader is not None and reader.hits > hits
             for k, v in zip(batch, values, strict=True):
                 counter += 1
                 out.write(json.dumps({
                     "index": worker * WRITE_BASE * 10 + counter, "process": worker,
-                    "f": "put" if f == "put_all" else f, "key": f"k{k}",
-                    "value": None if f in ("get", "remove") else v,
-                    "result": result, "status": status, "invoke": invoke,
+                    "f": {"put_all": "put", "get_all": "get"}.get(f, f), "key": f"k{k}",
+                    "value": None if f in ("get", "get_all", "remove") else v,
+                    "result": results[k] if results is not None else result,
+                    "status": status, "invoke": invoke,
                     "complete": complete, "observed": f != "put_all",
                     **({"local": True} if local else {})}) + "\n")
             if counters is not None:

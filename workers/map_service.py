@@ -511,7 +511,10 @@ class MapService:
         for pid in owned:
             if budget is None:
                 data, records = self.store.concatenated(pid, ns)
-            elif budget <= 0:  # the reply is full: this partition waits for the next one
+            elif budget <= 0 or (budget < max_bytes and low_of[pid] == 0
+                                 and self.store.live_bytes(pid, ns) > budget):
+                # The reply is full, or too full for this partition to start in it: it waits
+                # for a reply of its own, where it comes whole if it fits in max_bytes.
                 data, records, bound = b"", 0, low_of[pid]
             else:
                 data, records, bound = self.store.concatenated_from(pid, ns, low_of[pid],

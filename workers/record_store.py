@@ -831,6 +831,13 @@ class RecordStore:
 
     # -- fragments and partitions ----------------------------------------------------------
 
+    def live_bytes(self, pid: int, namespace: str) -> int:
+        """Bytes of the fragment's live records, headers included (0 when it has none)."""
+        try:
+            return self._partitions[pid][namespace].live_bytes
+        except KeyError:
+            return 0
+
     def size(self, pid: int, namespace: str) -> int:
         """Number of records in the fragment."""
         try:

@@ -98,6 +98,39 @@ def test_scans_come_in_bounded_chunks(client, request):
         next(m.scan_partitions([0], chunk_bytes=0))
 
 
+def test_a_partition_that_fits_a_chunk_comes_whole(client, request):
+    """A partition that would not fit in what is left of a reply waits for a reply of its
+    own rather than being split: it then comes in one piece, a snapshot of it."""
+    m = client.get_map(request.node.name)
+    data = {f"k{i}": "v" * 500 for i in range(4000)}  # about 7.5 KB a partition
+    m.put_all(data)
+    per_partition: dict[int, int] = {}
+    for key in data:
+        pid = client.partition_id(key)
+        per_partition[pid] = per_partition.get(pid, 0) + 1
+    invoker = m._invoker
+    chunks: dict[int, list[tuple[int, object]]] = {}
+    exchange = invoker.exchange
+
+    def recording(requests, timeout):
+        answered = exchange(requests, timeout)
+        for reply in answered:
+            if reply and requests[0][1] == p.ENTRIES:
+                header = reply[0]
+                for pid, n, bound in zip(header["pids"], header["counts"], header["next"],
+                                         strict=True):
+                    chunks.setdefault(pid, []).append((n, bound))
+        return answered
+
+    invoker.exchange = recording
+    scanned = [k for keys, _ in m.scan_partitions(range(client.partition_count),
+                                                  chunk_bytes=20_000) for k in keys]
+    assert sorted(scanned) == sorted(data)
+    for pid, count in per_partition.items():
+        pieces = [(n, bound) for n, bound in chunks[pid] if n]
+        assert pieces == [(2 * count, None)], f"partition {pid} came as {chunks[pid]}"
+
+
 def test_maps_are_separate_namespaces(client, request):
     a = client.get_map(request.node.name + "-a")
     b = client.get_map(request.node.name + "-b")

@@ -88,6 +88,9 @@ def bench_store(keys: list[bytes], value: bytes, prefix: str) -> dict[str, float
         rates[f"put_many (batches of {batch_size})"] = best_rate(
             n, put_many_all, lambda: store.drop_partition(pid)
         )
+        rates[f"put_many (batches of {batch_size}, overwrite)"] = best_rate(
+            n, put_many_all, fill
+        )
 
         def get_many_all() -> None:
             for batch in batches:

@@ -234,7 +234,10 @@ class _Fragment:
         return old
 
     def put_many(self, pairs: list[tuple[bytes, bytes]], record_bytes_sum: int) -> None:
-        """Write every pair in order; room for all of them is made once, up front."""
+        """Write every pair in order; room for all of them is made once, up front. New keys
+        and same-size overwrites are written inline (a batch's records are most of what a
+        put_all, a Spark write or a restore costs a member); anything else goes through
+        ``put``."""
         if self.top + record_bytes_sum > self.capacity:
             self.make_room(record_bytes_sum)
         # Every put below appends at most its own record, so none of them compacts.
@@ -243,27 +246,46 @@ class _Fragment:
         mm = self.mm
         tree = self.tree
         shared = self.shared
-        for key, value in pairs:
-            h = key_hash(key)
-            if h in index:
-                self.put(key, value)
-                continue
-            key_size = len(key)
-            value_size = len(value)
-            top = self.top
-            record_end = top + header_bytes + key_size + value_size
-            _pack_header(mm, top, key_size, value_size)
-            start = top + header_bytes
-            mm[start : start + key_size] = key
-            mm[start + key_size : record_end] = value
-            index[h] = top
-            self.top = record_end
-            self.live_bytes += record_end - top
-            self.count += 1
-            if tree is not None:
-                tree.update(h, None, entry_hash(key, _as_bytes(value)))
-            if shared is not None:
-                shared.placed(self, h, -1, top)
+        in_place = self.segment.pin_count == 0  # else an iterator may be reading the value
+        top, live_bytes, count = self.top, self.live_bytes, self.count
+        try:
+            for key, value in pairs:
+                key_size = len(key)
+                value_size = len(value)
+                h = key_hash(key)
+                entry = index.get(h)
+                if entry is not None:
+                    if in_place and entry.__class__ is int:
+                        record_key_size, record_value_size = _unpack_header(mm, entry)
+                        start = entry + header_bytes
+                        middle = start + key_size
+                        if record_key_size == key_size and record_value_size == value_size \
+                                and mm[start:middle] == key:
+                            if tree is not None:
+                                self.tree_update(h, key, mm[middle : middle + value_size],
+                                                 value)
+                            mm[middle : middle + value_size] = value
+                            continue
+                    self.top, self.live_bytes, self.count = top, live_bytes, count
+                    self.put(key, value)
+                    top, live_bytes, count = self.top, self.live_bytes, self.count
+                    continue
+                record_end = top + header_bytes + key_size + value_size
+                _pack_header(mm, top, key_size, value_size)
+                start = top + header_bytes
+                mm[start : start + key_size] = key
+                mm[start + key_size : record_end] = value
+                index[h] = top
+                if tree is not None:
+                    tree.update(h, None, entry_hash(key, _as_bytes(value)))
+                live_bytes += record_end - top
+                count += 1
+                if shared is not None:  # it may read the count (to build its index again)
+                    self.top, self.live_bytes, self.count = record_end, live_bytes, count
+                    shared.placed(self, h, -1, top)
+                top = record_end
+        finally:
+            self.top, self.live_bytes, self.count = top, live_bytes, count
         if self.capacity != capacity_before or self.top > self.capacity:
             raise RecordStoreInvariantError("put_many outgrew the room it made")
 

@@ -406,18 +406,23 @@ def test_items_snapshot_holds_when_records_could_be_rewritten_in_place(make_stor
     same_size = store.items(1, NS)
     for key in model:
         store.put(1, NS, key, b"new")  # same size as every old value
+    batched = store.items(1, NS)
+    store.put_many(1, NS, dict.fromkeys(model, b"bat").items())  # the same, in a batch
     emptied = store.items(1, NS)
     for key in model:
         store.remove(1, NS, key)
     store.put_many(1, NS, [(b"x%d" % i, b"y" * 9) for i in range(20)])
     assert dict(same_size) == model
-    assert dict(emptied) == dict.fromkeys(model, b"new")
+    assert dict(batched) == dict.fromkeys(model, b"new")
+    assert dict(emptied) == dict.fromkeys(model, b"bat")
     store.put_many(1, NS, dict.fromkeys(model, b"abc").items())
     fragment = store._partitions[1][NS]
     garbage_bytes_before = fragment.garbage_bytes
     for key in model:  # no iterator left: now same-size overwrites are written in place
         assert store.put(1, NS, key, b"def") == b"abc"
+    store.put_many(1, NS, dict.fromkeys(model, b"ghi").items())
     assert fragment.garbage_bytes == garbage_bytes_before
+    assert store.get_many(1, NS, list(model)) == [b"ghi"] * len(model)
     store._check()
 
 

@@ -25,6 +25,9 @@ WRITE_KEY_OPS = frozenset({PUT, SET, REMOVE, DELETE, PUT_IF_ABSENT, REPLACE})
 PUT_ALL, GET_ALL, SIZE, CLEAR, ENTRIES, REPLACE_CONTENTS = (
     "put_all", "get_all", "size", "clear", "entries", "replace_contents")
 WRITE_OPS = WRITE_KEY_OPS | {PUT_ALL, CLEAR, REPLACE_CONTENTS}
+# Client → member, first on each connection (header: cid): whose connection it is, so that a
+# backup can answer that client's single-key writes in their owner's place (grid/cluster/chain.py).
+HELLO = "hello"
 # Anyone → member: cluster views.
 TABLE, STATUS, PING = "table", "status", "ping"
 # Client → master: migration and partition-lost events after a number (for listeners).

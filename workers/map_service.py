@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
+from grid.cluster.chain import ClientConnections, owner_may_chain
 from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
 from grid.cluster.replica_sync import WindowOp
 from grid.cluster.replication import Arrival, BackupInbox, BackupStreams, OutgoingOp
@@ -120,6 +121,7 @@ class MapService:
         # Answers that wait for this member's lease, by id (a ticket is settled again often).
         self.lease_waiting: dict[int, Ticket] = {}
         self.requests = 0  # client map operations served (status: the dashboard's ops/s)
+        self.chained_answers = 0  # writes this backup answered in their owner's place
         self.durable_waiting: deque[Ticket] = deque()  # persistence_fsync = always
         self.owned: set[int] = set()  # partitions this member owns in its table
         # Partitions this member loaded from its files and holds no replica of (yet): in a
@@ -133,6 +135,9 @@ class MapService:
         # Tests only (SHMGRID_TEST_ACK_EARLY=1): a broken owner that answers a write before
         # its backups have it, and sends them the operation only on the next retransmit.
         self.ack_early = False
+        # Which client greeted us on which connection: a backup answers a chained write
+        # there (grid/cluster/chain.py).
+        self.clients = ClientConnections()
 
     def handlers(self) -> dict[str, Any]:
         table = {op: self._on_key_op for op in p.KEY_OPS}
@@ -143,7 +148,15 @@ class MapService:
         })
         guarded = {op: self._guarded(op, handler) for op, handler in table.items()}
         guarded[p.BACKUP] = self._on_backup  # a backup follows its owner, whatever the state
+        guarded[p.HELLO] = self._on_hello
         return guarded
+
+    def _on_hello(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        client_id = header.get("cid")
+        if not isinstance(client_id, str) or not 0 < len(client_id) <= 64:
+            raise ProtocolError("a hello carries the client id (cid), a str of 1..64")
+        self.clients.greeted(client_id, ident)
+        self.member.reply_ok(ident, header)
 
     def _guarded(self, op: str, handler: Any) -> Any:
         """The handler, behind the checks every client map operation passes first."""
@@ -346,7 +359,10 @@ class MapService:
                         outcome=old if op in RETURNS_OLD_VALUE else None)
         kind, items = (REMOVE_KIND, [key]) if op in (p.REMOVE, p.DELETE) else \
             (PUT_KIND, [key, frames[1]])
-        self._replicate(ticket, ns, kind, {pid: items}, iid, op in RETURNS_OLD_VALUE)
+        client_id = header.get("cid")
+        chain = [pid, client_id, header.get("id")] if client_id.__class__ is str else None
+        self._replicate(ticket, ns, kind, {pid: items}, iid, op in RETURNS_OLD_VALUE,
+                        chain=chain)
 
     # -- partitions ------------------------------------------------------------------------
 
@@ -539,12 +555,16 @@ class MapService:
 
     def _replicate(self, ticket: Ticket, ns: str, kind: str,
                    items_by_pid: dict[int, list[bytes]], iid: str | None, want_old: bool,
-                   target: str | None = None) -> None:
+                   target: str | None = None, chain: list[Any] | None = None) -> None:
         """Send one backup operation per backup member (on its ordered stream, if it is a
-        synchronous one); the ticket is answered when the synchronous ones applied it."""
+        synchronous one); the ticket is answered when the synchronous ones applied it.
+        ``chain`` ([pid, client id, request id] of a single-key write) lets the backup answer
+        the client in our place, where grid/cluster/chain.py allows it."""
         total = self.config.backup_count + self.config.async_backup_count
         table = self.member.cluster.table
         per_member: dict[tuple[str, bool], tuple[list, list]] = {}
+        journal = self.member.journal
+        durable_wait = journal is not None and self.config.persistence_fsync == "always"
         for pid, items in items_by_pid.items():
             versions = self.versions.increment(pid, ns, total)
             target_versions = None if target is None else \
@@ -555,6 +575,9 @@ class MapService:
             ticket.written.add(pid)
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
+            elif chain is not None and not self.ack_early and \
+                    owner_may_chain(len(sync), len(ticket.waiters), durable_wait):
+                ticket.chained = True
             for uuid in sync:
                 if not self.ack_early:
                     ticket.waiting.setdefault(uuid, set()).add(pid)
@@ -568,15 +591,15 @@ class MapService:
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)
-        journal = self.member.journal
-        if journal is not None and self.config.persistence_fsync == "always" and \
-                journal.last_seq > journal.durable_seq:
+        if durable_wait and journal.last_seq > journal.durable_seq:  # type: ignore[union-attr]
             ticket.log_seq = journal.last_seq  # answered once the log has it on disk
             self.durable_waiting.append(ticket)
         self.order.enqueue(ticket)
         now = self.member.now()
         for (uuid, is_sync), (parts, payload) in per_member.items():
             fields = {"ns": ns, "kind": kind, "parts": parts}
+            if is_sync and ticket.chained:
+                fields["answer"] = chain
             frames = [p.pack_items(payload)]
             if is_sync:
                 op = self.streams.add(uuid, fields, frames, now)
@@ -607,6 +630,9 @@ class MapService:
         ticket = self.op_tickets.pop((uuid, seq), None)
         if op is None or ticket is None:
             return
+        if header.get("answered") and ticket.chained:  # the backup answered our caller
+            ticket.chained = False
+            ticket.waiters.pop(0)
         refused = set(header.get("refused") or ())
         waiting = ticket.waiting.get(uuid)
         if waiting is not None:
@@ -827,6 +853,10 @@ class MapService:
             raise ProtocolError("replace_contents backups carry the target's versions")
         if kind == SYNC_KIND and not isinstance(header.get("vectors"), dict):
             raise ProtocolError("a sync carries the owner's version vector per namespace")
+        answer = header.get("answer")
+        if answer is not None and (not isinstance(answer, list) or len(answer) != 3
+                                   or answer[1].__class__ is not str):
+            raise ProtocolError("a chained answer is [pid, client id, request id]")
         return parts
 
     def _on_backup(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -837,7 +867,7 @@ class MapService:
         # A sender our table does not name as owner is refused part by part (unless our
         # table is older: then we hold its operations until we know).
         if seq is None:  # an asynchronous backup: no stream, no answer awaited
-            self.member.reply_ok(ident, header, refused=self._apply_backup_op(header, frames))
+            self.member.reply_ok(ident, header, refused=self._apply_backup_op(header, frames)[0])
             return
         if not isinstance(seq, int):
             raise ProtocolError("a backup's seq is an int")
@@ -851,9 +881,7 @@ class MapService:
             self.inbox.hold(sender, seq, (ident, header, frames))
             self.member.cluster.ask_for_table()
         elif arrival == Arrival.PROCESS:
-            refused = self._apply_backup_op(header, frames)
-            self.inbox.processed(sender, seq, refused)
-            self.member.reply_ok(ident, header, refused=refused)
+            self._process(sender, seq, ident, header, frames)
         # Arrival.GAP: dropped; the owner sends the missing one and this one again, in order.
 
     def _behind(self, parts: list[list[Any]]) -> bool:
@@ -868,14 +896,23 @@ class MapService:
                 ident, header, frames = queue[0].request
                 if self._behind(header["parts"]):
                     break
-                seq = queue.popleft().seq
-                refused = self._apply_backup_op(header, frames)
-                self.inbox.processed(sender, seq, refused)
-                self.member.reply_ok(ident, header, refused=refused)
+                self._process(sender, queue.popleft().seq, ident, header, frames)
 
-    def _apply_backup_op(self, header: dict[str, Any], frames: list[bytes]) -> list[int]:
+    def _process(self, sender: str, seq: int, ident: bytes, header: dict[str, Any],
+                 frames: list[bytes]) -> None:
+        """Apply the next operation of a sender's stream and acknowledge it."""
+        refused, answered = self._apply_backup_op(header, frames)
+        self.inbox.processed(sender, seq, refused)
+        if answered:
+            self.member.reply_ok(ident, header, refused=refused, answered=True)
+        else:
+            self.member.reply_ok(ident, header, refused=refused)
+
+    def _apply_backup_op(self, header: dict[str, Any], frames: list[bytes]
+                         ) -> tuple[list[int], bool]:
         """Apply the parts whose partition our table says we back up for the sender;
-        return the partitions refused."""
+        return the partitions refused, and whether we answered the caller of a chained
+        write (grid/cluster/chain.py)."""
         sender, ns, kind = header["from"], header["ns"], header["kind"]
         parts = header["parts"]
         items = p.unpack_items(frames[0])
@@ -885,6 +922,7 @@ class MapService:
         now = self.member.now()
         refused, at = [], 0
         applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
+        answer, answered = header.get("answer"), False
         for pid, versions, count, _, iid, want_old, target_versions in parts:
             chunk = items[at:at + count]
             at += count
@@ -903,11 +941,28 @@ class MapService:
                     continue
             old = self._decide_and_apply(pid, index, ns, kind, chunk, versions,
                                          target_versions)
-            if iid is not None and old is not NOT_APPLIED:
+            if old is NOT_APPLIED:
+                continue
+            if iid is not None:
                 applied.setdefault(iid, ([], old if want_old else None))[0].append(pid)
+            if answer is not None and answer[0] == pid:
+                answered = self._answer_caller(pid, ns, answer[1], answer[2], old)
         for iid, (pids, outcome) in applied.items():
             self.records.record(iid, pids, outcome, now)
-        return refused
+        return refused, answered
+
+    def _answer_caller(self, pid: int, ns: str, client_id: str, rid: Any,
+                       old: bytes | None) -> bool:
+        """Answer a chained write we applied as its owner would have; False if we cannot
+        (then the owner answers): our replica is not in step, or the caller is not known."""
+        if self.versions.is_dirty(pid, ns):  # else it was applied in sequence: our
+            return False  # previous value is the owner's
+        ident = self.clients.ident(client_id)
+        if ident is None:
+            return False
+        self.member.reply(ident, [p.reply_ok(rid), *([] if old is None else [old])])
+        self.chained_answers += 1
+        return True
 
     def _decide_and_apply(self, pid: int, index: int, ns: str, kind: str, chunk: list[bytes],
                           versions: list[int], target_versions: list[int] | None,

@@ -256,6 +256,7 @@ class Member(Node):
         link.close()
         if ident is not None:
             del self.accepted[ident]
+            self.maps.clients.closed(ident)
         else:
             for key in [k for k, v in self.peer_links.items() if v is link]:
                 del self.peer_links[key]  # the next send opens a new one
@@ -330,7 +331,8 @@ class Member(Node):
             **self.syncs.status(),
             members_version=self.cluster.members.version,
             stamp=self.cluster.table.stamp(), cluster=self.config.cluster_name,
-            requests=self.maps.requests, maps=self.maps.owned_sizes(),
+            requests=self.maps.requests, chained_answers=self.maps.chained_answers,
+            maps=self.maps.owned_sizes(),
             persistence=self.journal.stats() if self.journal is not None else None)
 
     def _on_shutdown(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:

@@ -113,13 +113,31 @@ class Invoker:
             return True
         link = self.links.get(endpoint)
         if link is None or link.closed:
-            self._drop_socket(endpoint)  # (the closed link, and a seed's DEALER, if any)
-            try:
-                link = self.links[endpoint] = Link.connect(address, MAX_REPLY_BYTES)
-            except OSError:
+            link = self._open_link(endpoint, address)
+            if link is None:
                 return False
-            self.link_endpoints[link.fd] = endpoint
         return link.send(frames)
+
+    def _open_link(self, endpoint: str, address: str) -> Link | None:
+        """A new link to a member; None if it cannot be opened (nobody listens)."""
+        self._drop_socket(endpoint)  # (a closed link, and a seed's DEALER, if any)
+        try:
+            link = self.links[endpoint] = Link.connect(address, MAX_REPLY_BYTES)
+        except OSError:
+            return None
+        self.link_endpoints[link.fd] = endpoint
+        # First on every link: who we are, so that a backup can answer our single-key
+        # writes in their owner's place (grid/cluster/chain.py). Nobody waits for its reply.
+        link.send([p.request(p.HELLO, next(self.ids), self.cluster_name, cid=self.client_id)])
+        return link
+
+    def _greet_members(self) -> None:
+        """Open a link to every member we know that we have none to yet (a backup can only
+        answer us on a link we opened)."""
+        for endpoint, address in self.link_addresses.items():
+            link = self.links.get(endpoint)
+            if (link is None or link.closed) and self.pids.get(endpoint) not in self.dead_pids:
+                self._open_link(endpoint, address)
 
     def exchange(self, requests: list[tuple[str, str, dict[str, Any], list[bytes]]],
                  timeout: float) -> list[Reply | None]:
@@ -156,13 +174,13 @@ class Invoker:
             return [results.get(rid) for rid in rids]
 
     def _polled(self, wanted: dict[int, str], results: dict[int, Reply]) -> list[Any]:
-        polled = []
+        """Every open link (a reply may come from a member other than the one asked: a
+        backup answering a write), and the sockets of the requests sent without one."""
+        polled: list[Any] = [(link.fd, POLLIN | (POLLOUT if link.wants_write else 0))
+                             for link in self.links.values() if not link.closed]
         for endpoint in {ep for rid, ep in wanted.items() if rid not in results}:
-            link = self.links.get(endpoint) if endpoint in self.link_addresses else None
-            if link is None:
+            if endpoint not in self.link_addresses or endpoint not in self.links:
                 polled.append((self.sockets[endpoint], POLLIN))
-            else:
-                polled.append((link.fd, POLLIN | (POLLOUT if link.wants_write else 0)))
         return polled
 
     def _on_link(self, fd: int, mask: int, wanted: dict[int, str],
@@ -274,6 +292,7 @@ class Invoker:
             self.pids = {m.endpoint: m.pid for m in members.members}
             self.link_addresses = {m.endpoint: m.link for m in members.members if m.link}
             self.dead_pids &= set(self.pids.values())
+            self._greet_members()
         if self.table is None:
             self.table = table
         else:

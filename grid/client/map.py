@@ -84,6 +84,7 @@ class Map:
         fields = {"ns": self.name, "pid": pid, **extra}
         if op in p.WRITE_KEY_OPS:
             fields["iid"] = self._invoker.invocation_id()
+            fields["cid"] = self._invoker.client_id  # its backup may answer (cluster/chain.py)
         out: list[tuple[dict, list]] = []
         self._invoker.invoke_partitions(
             op, [pid], lambda group: (fields, frames),

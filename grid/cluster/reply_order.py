@@ -24,7 +24,7 @@ class Ticket:
     """One answer to give: to every request waiting on it (a resend waits on the first)."""
 
     __slots__ = ("slots", "waiting", "needs_lease", "failed", "fields", "frames", "waiters",
-                 "iid", "outcome", "written", "log_seq")
+                 "iid", "outcome", "written", "log_seq", "chained")
 
     def __init__(self, slots: Iterable[Slot], waiters: list[tuple[bytes, Any]],
                  fields: dict[str, Any] | None = None, frames: list[bytes] | None = None,
@@ -42,6 +42,8 @@ class Ticket:
         self.iid: str | None = None  # the invocation to remember once it is durable
         self.written: set[int] = set()  # partitions this write was applied to here
         self.log_seq = 0  # the owner's log record to see on disk first (0: none to wait for)
+        # The backup may answer the first waiter in the owner's place (grid/cluster/chain.py).
+        self.chained = False
 
     @property
     def ready(self) -> bool:

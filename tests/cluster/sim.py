@@ -551,6 +551,7 @@ class SimClient:
         self.counter = 0
         self.stopped = False
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
+        self.greeted: set[str] = set()  # endpoints told our client id (a backup answers us)
         net.clients[self.ident] = self
 
     def request(self, endpoint: str, op: str, fields: dict, frames: list[bytes],
@@ -594,9 +595,24 @@ class SimClient:
                 if members.version >= self.members.version:
                     self.members = members
                 self.table.apply(PartitionTable.from_wire(header["table"]))
+                self.greet()
             self.net.at(self.net.time + 0.01, then)
 
         self.request(node.info.endpoint, p.TABLE, {}, [], on_view, timeout=0.5)
+
+    def greet(self) -> None:
+        """Say HELLO to the members not greeted yet, as the real client does on each new
+        link: a backup may then answer our writes in their owner's place. Nobody waits for
+        the answer."""
+        for member in self.members.members:
+            target = self.net.nodes.get(member.endpoint)
+            if target is None or member.endpoint in self.greeted:
+                continue
+            self.greeted.add(member.endpoint)
+            head = p.request(p.HELLO, next(self.ids), self.net.config.cluster_name,
+                             cid=self.ident.decode())
+            self.net.send(self.ident, member.endpoint,
+                          lambda target=target, head=head: target.deliver(self.ident, head, []))
 
     def start(self) -> None:
         self.refresh(self.write_next)
@@ -642,7 +658,8 @@ class SimClient:
             else:
                 self.refresh(lambda: self.attempt(key, value, iid, deadline))
 
-        rid = self.request(owner.endpoint, p.PUT, {"ns": self.ns, "pid": pid, "iid": iid},
+        rid = self.request(owner.endpoint, p.PUT,
+                           {"ns": self.ns, "pid": pid, "iid": iid, "cid": self.ident.decode()},
                            [serialize_key(key), serialize_value(value)], on_ack, timeout=1.0)
         self.net.pending_writes[(self.ident, rid)] = (key, value)
 

@@ -8,10 +8,12 @@ import math
 
 import pytest
 
+from grid import protocol as p
 from grid.cluster.reply_order import ReplyOrder, Ticket
 from grid.cluster.state import ClusterState
 from grid.cluster.state_change import StateChange
-from tests.cluster import test_simulation, test_state_change_sim, test_write_path
+from tests.cluster import test_chain, test_simulation, test_state_change_sim, test_write_path
+from workers import map_service
 from workers.cluster_service import ClusterService
 from workers.local_reads import LocalReadDirectory, NamespaceSlots
 from workers.map_service import MapService
@@ -71,7 +73,7 @@ def test_a_follower_that_gives_up_on_a_live_master_is_caught(monkeypatch):
             self.member_gone(master.uuid, "heartbeat timeout")
 
     monkeypatch.setattr(ClusterService, "_follower_checks", give_up)
-    assert caught(["slow-master-link"], range(6))
+    assert caught(["slow-master-link"], range(24))
 
 
 def test_a_new_owner_that_does_not_sync_its_backups_is_caught(monkeypatch, make_cluster):
@@ -86,6 +88,25 @@ def test_a_backup_that_judges_by_an_old_table_is_caught(monkeypatch, make_cluste
     with pytest.raises(AssertionError):
         test_write_path.test_a_write_the_backup_cannot_take_yet_waits_and_nobody_reads_it_before(
             make_cluster)
+
+
+def test_a_backup_that_answers_for_its_owner_out_of_step_is_caught(monkeypatch, make_cluster):
+    def answer_anyway(self, pid, ns, client_id, rid, old):  # without the in-step check
+        ident = self.clients.ident(client_id)
+        if ident is None:
+            return False
+        self.member.reply(ident, [p.reply_ok(rid), *([] if old is None else [old])])
+        return True
+
+    monkeypatch.setattr(MapService, "_answer_caller", answer_anyway)
+    with pytest.raises(AssertionError):
+        test_chain.test_a_backup_out_of_step_leaves_the_answer_to_its_owner(make_cluster)
+
+
+def test_an_owner_that_lets_one_of_two_backups_answer_is_caught(monkeypatch):
+    monkeypatch.setattr(map_service, "owner_may_chain",
+                        lambda sync_backups, waiters, durable_wait: waiters == 1)
+    assert caught(["kill-two"], range(3))
 
 
 def test_an_owner_that_acts_alone_without_a_lease_is_caught(monkeypatch, make_cluster):
@@ -122,7 +143,7 @@ def test_a_claimant_that_echoes_the_master_it_replaces_is_caught(monkeypatch):
             self.dead = dead | self.dead
 
     monkeypatch.setattr(ClusterService, "_on_heartbeat", echo_the_dead)
-    assert caught(["hang-near-timeout-master"], range(6))  # seed 2 found it
+    assert caught(["hang-near-timeout-master"], range(24))  # seed 20 finds it
 
 
 MIGRATION_FAULTS = ["join", "join-then-kill", "join-then-kill-master", "leave", "kill"]
@@ -154,7 +175,7 @@ def test_a_source_that_drops_its_data_before_the_commit_is_caught(monkeypatch):
 
     monkeypatch.setattr(MigrationService, "_answer", drop_early)
     # Caught where a migration fails after the early drop: a member dies while they run.
-    assert caught(["join-then-kill", "join-then-kill-master"], range(14))
+    assert caught(["join-then-kill", "join-then-kill-master"], range(20))
 
 
 def test_a_new_master_that_ignores_the_collected_migrations_is_caught(monkeypatch):

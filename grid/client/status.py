@@ -8,7 +8,7 @@ from typing import Any
 MEMBER_FIELDS = ("name", "uuid", "pid", "endpoint", "master", "lite", "owned", "backups",
                  "unbacked", "backup_backlog", "dirty", "syncs_in_flight", "syncs_waiting",
                  "synced", "sync_entries", "sent_entries", "sent_bytes", "shm_bytes", "rss",
-                 "persistence", "requests", "maps", "unreachable")
+                 "persistence", "requests", "chained_answers", "maps", "unreachable")
 
 
 def member_rows(client: Any, timeout: float = 2.0, members: list[Any] | None = None

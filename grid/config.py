@@ -56,6 +56,14 @@ class GridConfig:
     heartbeat_timeout: float = 10.0
     invocation_timeout: float = 60.0
     attempt_timeout: float = 5.0
+    # Microseconds a client polls for a reply without sleeping, for requests whose replies
+    # have lately come that fast (a wake-up costs more than a fast reply: see
+    # grid/client/busy_poll.py). 0: always sleep until the reply comes.
+    client_busy_poll_us: int = 250
+    # Microseconds a member goes on polling without sleeping after it handled messages: the
+    # next request, or a backup's acknowledgement, usually comes sooner than a sleeping
+    # member wakes up. It yields its core meanwhile to whoever else wants it. 0: no spin.
+    member_busy_poll_us: int = 100
     max_value_bytes: int = 64 * 1024 * 1024
     max_message_bytes: int = 512 * 1024 * 1024
     host: str = "127.0.0.1"
@@ -102,6 +110,9 @@ class GridConfig:
             errors.append("heartbeat_timeout must be greater than heartbeat_interval > 0")
         if self.invocation_timeout <= 0 or self.attempt_timeout <= 0:
             errors.append("invocation_timeout and attempt_timeout must be positive")
+        for name in ("client_busy_poll_us", "member_busy_poll_us"):
+            if not 0 <= getattr(self, name) <= 100_000:
+                errors.append(f"{name} must be 0..100000, not {getattr(self, name)}")
         if not self.cluster_name or not all(c.isalnum() or c in "_." for c in self.cluster_name):
             errors.append(
                 f"cluster_name {self.cluster_name!r} must be letters, digits, '_' or '.'")

@@ -35,7 +35,8 @@ def test_toml_then_env_then_arguments(tmp_path):
 
 @pytest.mark.parametrize("kwargs", [{"backup_count": 7}, {"partition_count": 0},
                                     {"cluster_name": "a-b"}, {"heartbeat_timeout": 0.5},
-                                    {"backup_count": 4, "async_backup_count": 3}])
+                                    {"backup_count": 4, "async_backup_count": 3},
+                                    {"client_busy_poll_us": -1}])
 def test_bad_configuration_is_refused_with_a_reason(kwargs):
     with pytest.raises(ValueError, match="invalid configuration"):
         GridConfig(**kwargs)

@@ -1,11 +1,13 @@
-"""Round trips between two processes: ZeroMQ DEALER/ROUTER against a link (grid/link.py).
+"""Round trips between two processes: ZeroMQ DEALER/ROUTER, a link (grid/link.py), a link
+whose caller busy-polls for the reply (grid/client/busy_poll.py), and one where the server
+busy-polls for the next request too (as a member does).
 
     python tools/bench_transport.py --round-trips 20000 --size 100
 
-Both variants run in one go, alternately, each against an echo server in a fresh process
+The variants run in one go, alternately, each against an echo server in a fresh process
 that polls like a member (zmq.Poller), and print the round trip's p50, and the CPU time per
 round trip of the caller and of the server (user + system, every thread: ZeroMQ's I/O thread
-included). The ratio is ZeroMQ's over the link's.
+included). The ratios are each variant's over the plain link's.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import time
 
 import zmq
 
-from grid.link import Link, address_of, listen
+from grid.link import POLLIN, Link, address_of, listen
 
 STOP = b"stop"
+BUSY_POLL_S = 250e-6  # the defaults of client_busy_poll_us and member_busy_poll_us
+MEMBER_BUSY_POLL_S = 100e-6
 
 
 def cpu_seconds() -> float:
@@ -45,7 +49,10 @@ def zmq_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> Non
     done.put(cpu_seconds() - start)
 
 
-def link_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> None:
+def link_server(ready: multiprocessing.Queue, done: multiprocessing.Queue,
+                busy_poll_s: float = 0.0) -> None:
+    """Echo on a link; with ``busy_poll_s``, poll on without sleeping for that long after
+    each message, as a member does (workers/member.py)."""
     listener = listen("127.0.0.1")
     ready.put(address_of(listener))
     listener.setblocking(True)
@@ -55,6 +62,9 @@ def link_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> No
     poller.register(link.fd, zmq.POLLIN)
     start = cpu_seconds()
     while True:
+        spin_until = time.perf_counter() + busy_poll_s
+        while time.perf_counter() < spin_until and not poller.poll(0):
+            os.sched_yield()
         poller.poll(1000)
         messages = link.receive()
         for frames in messages:
@@ -68,8 +78,10 @@ def run(kind: str, round_trips: int, size: int) -> tuple[float, float, float]:
     """(p50 µs, caller CPU µs per round trip, server CPU µs per round trip)."""
     ready: multiprocessing.Queue = multiprocessing.Queue()
     done: multiprocessing.Queue = multiprocessing.Queue()
-    server = multiprocessing.Process(target=zmq_server if kind == "zmq" else link_server,
-                                     args=(ready, done))
+    server_spin = MEMBER_BUSY_POLL_S if kind == "link-spin-both" else 0.0
+    server = multiprocessing.Process(
+        target=zmq_server if kind == "zmq" else link_server,
+        args=(ready, done) if kind == "zmq" else (ready, done, server_spin))
     server.start()
     address = ready.get(timeout=10)
     payload = b"x" * size
@@ -84,7 +96,7 @@ def run(kind: str, round_trips: int, size: int) -> tuple[float, float, float]:
             dealer.send(data)
             poller.poll(1000)
             dealer.recv()
-    else:
+    elif kind == "link":
         link = Link.connect(address, 1 << 30)
         poller.register(link.fd, zmq.POLLIN)
 
@@ -92,6 +104,19 @@ def run(kind: str, round_trips: int, size: int) -> tuple[float, float, float]:
             link.send([data])
             while not link.receive():
                 poller.poll(1000)
+    else:  # as the client's Invoker.exchange waits, with a budget no reply here outlasts
+        link = Link.connect(address, 1 << 30)
+        polled = [(link.fd, POLLIN)]
+
+        def round_trip(data: bytes) -> None:
+            link.send([data])
+            spin_until = time.perf_counter() + BUSY_POLL_S
+            while time.perf_counter() < spin_until:
+                if zmq.zmq_poll(polled, 0):
+                    break
+                os.sched_yield()
+            while not link.receive():
+                zmq.zmq_poll(polled, 1000)
 
     for _ in range(1000):
         round_trip(payload)
@@ -115,17 +140,19 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    results: dict[str, list[tuple[float, float, float]]] = {"zmq": [], "link": []}
+    results: dict[str, list[tuple[float, float, float]]] = {
+        "zmq": [], "link": [], "link-spin": [], "link-spin-both": []}
     for _ in range(args.rounds):
         for kind in results:
             results[kind].append(run(kind, args.round_trips, args.size))
     mean = {kind: [statistics.mean(r[i] for r in rows) for i in range(3)]
             for kind, rows in results.items()}
-    print(f"{'transport':<10}{'p50 µs':>10}{'caller CPU µs':>16}{'server CPU µs':>16}")
+    print(f"{'transport':<20}{'p50 µs':>10}{'caller CPU µs':>16}{'server CPU µs':>16}")
     for kind, (p50, caller, server) in mean.items():
-        print(f"{kind:<10}{p50:>10.1f}{caller:>16.1f}{server:>16.1f}")
-    ratios = [z / lk for z, lk in zip(mean["zmq"], mean["link"], strict=True)]
-    print(f"{'zmq/link':<10}{ratios[0]:>9.2f}x{ratios[1]:>15.2f}x{ratios[2]:>15.2f}x")
+        print(f"{kind:<20}{p50:>10.1f}{caller:>16.1f}{server:>16.1f}")
+    for kind in ("zmq", "link-spin", "link-spin-both"):
+        ratios = [v / lk for v, lk in zip(mean[kind], mean["link"], strict=True)]
+        print(f"{kind + '/link':<20}{ratios[0]:>9.2f}x{ratios[1]:>15.2f}x{ratios[2]:>15.2f}x")
 
 
 if __name__ == "__main__":

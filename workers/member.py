@@ -65,6 +65,7 @@ class Member(Node):
         self.poller.register(self.router, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}  # member uuid or endpoint -> DEALER
         self.max_message_bytes = config.max_message_bytes
+        self.busy_poll_s = config.member_busy_poll_us / 1e6
         self.link_listener = listen(config.host)
         self.poller.register(self.link_listener.fileno(), zmq.POLLIN)
         # Links by file descriptor: (the ident its requests are answered to, the link); the
@@ -199,9 +200,21 @@ class Member(Node):
     def _loop(self) -> None:
         self.cluster.start()
         next_tick = time.monotonic()
+        spin, spin_until = self.busy_poll_s, 0.0
         while self.running:
-            timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
-            for sock, event in self.poller.poll(timeout_ms):
+            # Busy-poll for a while after handling messages: the next one (a client's next
+            # request, a backup's acknowledgement) usually comes sooner than this process
+            # would wake up from a sleep (grid/client/busy_poll.py has the numbers).
+            events = self.poller.poll(0) if spin else None
+            if not events:
+                if time.perf_counter() < spin_until:
+                    os.sched_yield()  # whoever else wants this core comes first
+                    continue
+                timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                events = self.poller.poll(timeout_ms)
+            if events:
+                spin_until = time.perf_counter() + spin
+            for sock, event in events:
                 if sock.__class__ is int:
                     if sock == self._wake_r:
                         with contextlib.suppress(BlockingIOError):

@@ -202,8 +202,9 @@ class Client:
     def __init__(self, seeds: list[str], cluster_name: str | None, invocation_timeout: float,
                  attempt_timeout: float, max_value_bytes: int, backup_count: int,
                  where: str, secret: str = "", local: str | None = None,
-                 local_reads: bool = False) -> None:
-        self._invoker = Invoker(seeds, cluster_name, invocation_timeout, attempt_timeout)
+                 local_reads: bool = False, busy_poll_us: int = 0) -> None:
+        self._invoker = Invoker(seeds, cluster_name, invocation_timeout, attempt_timeout,
+                                busy_poll_us / 1e6)
         self.max_value_bytes = max_value_bytes
         try:
             self._invoker.refresh()
@@ -298,4 +299,5 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
         # it may change the cluster's state or promote members, as the shmgrid command does.
         secret = data.get("config", {}).get("cluster_secret") or secret
     return Client(seeds, cluster_name, timeout, min(config.attempt_timeout, timeout),
-                  config.max_value_bytes, config.backup_count, where, secret, local, local_reads)
+                  config.max_value_bytes, config.backup_count, where, secret, local, local_reads,
+                  config.client_busy_poll_us)

@@ -1,0 +1,46 @@
+"""Busy polling on a real cluster (grid/client/busy_poll.py, the member loop): a client
+learns per kind of request whether to spin, and everything works with spinning off on both
+sides (client_busy_poll_us = member_busy_poll_us = 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+import grid
+from grid import protocol as p
+from grid.config import GridConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_client_learns_which_requests_to_spin_for(grid_cluster, request):
+    with grid_cluster.connect() as client:
+        m = client.get_map(request.node.name)
+        m.put_all({f"k{i}": b"v" * 100 for i in range(2000)})
+        for i in range(50):
+            m.get(f"k{i}")
+        polls = client._invoker.busy_poll
+        assert polls.limit == GridConfig().client_busy_poll_us / 1e6
+        assert 0 < polls.means[p.GET] < 0.05  # every get was measured
+        assert p.PUT_ALL in polls.means
+        # a get_all of everything takes longer than the limit: no spin for it
+        for _ in range(20):
+            m.get_all([f"k{i}" for i in range(2000)])
+        assert polls.budget(p.GET_ALL) == 0.0
+
+
+def test_everything_works_with_busy_polling_off(cluster_factory, tmp_path, request):
+    config = tmp_path / "shmgrid.toml"
+    config.write_text("member_busy_poll_us = 0\n")
+    cluster = cluster_factory(members=3, config=str(config))
+    client = grid.connect(cluster_name=cluster.cluster_name,
+                          config=GridConfig(cluster_name=cluster.cluster_name,
+                                            client_busy_poll_us=0))
+    cluster.clients.append(client)
+    m = client.get_map(request.node.name)
+    entries = {f"k{i}": i for i in range(500)}
+    m.put_all(entries)
+    for i in range(100):
+        assert m.put(f"k{i}", -i) == i  # answered by the backup or the owner
+    assert m.get_all(list(entries)) == {**entries, **{f"k{i}": -i for i in range(100)}}
+    assert client._invoker.busy_poll.means == {}

@@ -44,6 +44,7 @@ This relies on stores and loads not being reordered across CPython's C calls, wh
 from __future__ import annotations
 
 import _posixshmem
+import math
 import mmap
 import os
 import struct
@@ -71,6 +72,7 @@ INDEX_ENTRY = struct.Struct("<QQ")  # key hash, offset + 1
 RECORD_HEADER = struct.Struct("<II")  # a record's key and value lengths (the arena's format)
 STATE = struct.Struct("<dQ")  # valid_until, fenced: one read
 RETRY = object()  # the probe met bytes that a concurrent write is changing: read again
+TOO_LARGE = object()  # a fragment larger than the caller would copy: ask its owner instead
 _HASH_MASK = (1 << 64) - 1
 
 assert HEADER.size == 88
@@ -121,9 +123,12 @@ def directory_bytes(partition_count: int, namespace_capacity: int) -> int:
     return names_offset(partition_count) + namespace_capacity * NAME_BYTES
 
 
-def records(index: object, arena: object) -> tuple[bytes, int] | object:
+def records(index: object, arena: object, max_bytes: int | None = None
+            ) -> tuple[bytes, int] | object:
     """Every record of a fragment, keys and values laid end to end in offset order, and how
-    many; or RETRY when what was read cannot be a state of the fragment."""
+    many; or RETRY when what was read cannot be a state of the fragment; or TOO_LARGE once
+    the keys and values copied pass ``max_bytes`` (so a scan never holds more than that of
+    a fragment that its owner would send in chunks)."""
     capacity = INDEX_HEADER.unpack_from(index, 0)[0]  # type: ignore[arg-type]
     if capacity == 0 or capacity & (capacity - 1):
         return RETRY
@@ -133,8 +138,12 @@ def records(index: object, arena: object) -> tuple[bytes, int] | object:
     unpack = RECORD_HEADER.unpack_from
     parts = []
     append = parts.append
+    left = math.inf if max_bytes is None else max_bytes
     for offset in offsets:
         key_size, value_size = unpack(arena, offset)  # type: ignore[arg-type]
+        left -= key_size + value_size
+        if left < 0:
+            return TOO_LARGE
         start = offset + RECORD_HEADER.size
         part = arena[start:start + key_size + value_size]  # type: ignore[index]
         if len(part) != key_size + value_size:

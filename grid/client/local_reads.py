@@ -39,6 +39,7 @@ from grid.local_reads import (
     SEQ,
     SLOT,
     STATE,
+    TOO_LARGE,
     VALID_UNTIL_OFFSET,
     directory_name,
     key_hash,
@@ -163,12 +164,14 @@ class LocalReader:
         return self._read(namespace, pid, owner_uuid, owner_name, None, probe,
                           key_hash(key), key)
 
-    def scan(self, namespace: str, pid: int, owner_uuid: str, owner_name: str
-             ) -> tuple[bytes, int] | Any:
+    def scan(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
+             max_bytes: int | None = None) -> tuple[bytes, int] | Any:
         """The partition's keys and values laid end to end (k1 v1 k2 v2 ..., as a member's
         ENTRIES reply has them) and the record count: one state of the fragment, under the
-        same conditions as ``get``. Or MISS / UNPUBLISHED."""
-        return self._read(namespace, pid, owner_uuid, owner_name, (b"", 0), records)
+        same conditions as ``get``. Or MISS / UNPUBLISHED; MISS, too, when the keys and
+        values take more than ``max_bytes`` (the owner sends such a partition in chunks)."""
+        return self._read(namespace, pid, owner_uuid, owner_name, (b"", 0), records,
+                          max_bytes)
 
     def _read(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
               empty: Any, read: Any, *args: Any) -> Any:
@@ -234,6 +237,8 @@ class LocalReader:
                     result = read(view.segment(index_1 - 1), view.segment(arena_1 - 1), *args)
                 except _READ_ERRORS:
                     result = RETRY  # a segment retired meanwhile, or bytes being rewritten
+                if result is TOO_LARGE:
+                    break
             if result is not RETRY and _U64.unpack_from(slots, base)[0] == seq:
                 self.hits += 1
                 return result

@@ -137,16 +137,18 @@ class Map:
             self._member_names = (invoker.members, names)
         return names
 
-    def _local_read(self, pid: int, key_bytes: bytes | None) -> tuple[Any, bool]:
-        """A local get of ``key_bytes``, or with None a local scan of the partition (see
-        LocalReader), and whether to ask the owner to publish the map."""
+    def _local_read(self, pid: int, key_bytes: bytes | None,
+                    max_bytes: int | None = None) -> tuple[Any, bool]:
+        """A local get of ``key_bytes``, or with None a local scan of the partition of at
+        most ``max_bytes`` (see LocalReader), and whether to ask the owner to publish the
+        map."""
         owner = self._invoker.table.owner(pid)
         name = self._owner_names().get(owner) if owner is not None else None
         if name is None:
             return MISS, False
         local = self._local
         if key_bytes is None:
-            value = local.scan(self.name, pid, owner, name)  # type: ignore[union-attr]
+            value = local.scan(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
         else:
             value = local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
         return value, value is UNPUBLISHED and local.should_ask_to_publish(  # type: ignore[union-attr]
@@ -335,7 +337,7 @@ class Map:
             remote = pids[at:at + SCAN_PARTITIONS_PER_REQUEST]
             fields: dict[str, Any] = {"ns": self.name, "max_bytes": chunk_bytes}
             if self._local is not None:  # read what can be read from shared memory
-                remote, publish = self._scan_locally(remote, decoded)
+                remote, publish = self._scan_locally(remote, decoded, chunk_bytes)
                 if publish:
                     fields["publish"] = True
             lows = dict.fromkeys(remote, 0)  # partition -> the key hash its next chunk is from
@@ -373,12 +375,14 @@ class Map:
         if keys:
             yield keys, values
 
-    def _scan_locally(self, pids: list[int], decoded: list[list]) -> tuple[list[int], bool]:
+    def _scan_locally(self, pids: list[int], decoded: list[list], max_bytes: int
+                      ) -> tuple[list[int], bool]:
         """Decode into ``decoded`` the partitions read from shared memory; return the ones
-        to ask their owners for, and whether to ask them to publish the map."""
+        to ask their owners for (a partition larger than ``max_bytes`` too: its owner sends
+        it in chunks), and whether to ask them to publish the map."""
         remote, publish = [], False
         for pid in pids:
-            found, ask = self._local_read(pid, None)
+            found, ask = self._local_read(pid, None, max_bytes)
             if found.__class__ is tuple:
                 data, count = found
                 if count:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from grid.client.registry import pid_alive
+from grid.serialization import partition_id_of, serialize_key, serialize_value
 from tests.integration.test_failover import _wait
 from tests.integration.test_migrations import _kill, _wait_safe
 
@@ -147,6 +148,23 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
         hits = local._local.hits
         assert dict(local.items()) == {f"k{i}": {"i": i} for i in range(500)}
         assert local._local.hits - hits == reader.partition_count  # scanned from memory
+        # A partition larger than the scan's chunk is left to its owner, which sends it in
+        # chunks: a local scan never copies more than a chunk of it.
+        sizes: dict[int, int] = {}
+        for i in range(500):
+            key_bytes = serialize_key(f"k{i}")
+            pid = partition_id_of(key_bytes, reader.partition_count)
+            sizes[pid] = sizes.get(pid, 0) + len(key_bytes) + len(serialize_value({"i": i}))
+        limit = sorted(sizes.values())[len(sizes) // 2]
+        larger = sum(size > limit for size in sizes.values())
+        hits, misses = local._local.hits, local._local.misses
+        scanned = {}
+        for keys, values in local.scan_partitions(range(reader.partition_count),
+                                                  chunk_bytes=limit):
+            scanned.update(zip(keys, values, strict=True))
+        assert scanned == {f"k{i}": {"i": i} for i in range(500)}
+        assert local._local.misses - misses == larger > 0
+        assert local._local.hits - hits == reader.partition_count - larger
         source.put("k1", "new")
         source.remove("k2")
         assert local.get("k1") == "new" and local.get("k2") is None

@@ -205,6 +205,24 @@ def test_the_reader_refuses_an_unsettled_slot_an_unserved_partition_and_an_old_l
     assert reader.get("m", b"k", 1, UUID, member) == b"v2"
 
 
+def test_a_scan_copies_no_more_than_its_limit(published) -> None:
+    """A partition larger than a scan's chunk is left to its owner (which sends it in
+    chunks): the reader gives up once the records it copied pass the limit."""
+    store, reader, member = published
+    for i in range(50):
+        store.put(1, "m", b"key%d" % i, b"v" * 100)
+    store.settle(1, "m")
+    whole = reader.scan("m", 1, UUID, member)
+    data, count = whole
+    assert count == 51 and len(data) == 2 + sum(len(b"key%d" % i) + 100 for i in range(50))
+    assert reader.scan("m", 1, UUID, member, max_bytes=len(data)) == whole  # exactly fits
+    hits, misses = reader.hits, reader.misses
+    assert reader.scan("m", 1, UUID, member, max_bytes=len(data) - 1) is MISS
+    assert reader.scan("m", 1, UUID, member, max_bytes=0) is MISS
+    assert (reader.hits, reader.misses) == (hits, misses + 2)
+    assert reader.scan("m", 2, UUID, member, max_bytes=0) == (b"", 0)  # nothing to copy
+
+
 def test_a_batch_of_reads_is_refused_key_by_key_as_single_reads_are(published) -> None:
     store, reader, member = published
     store.put(2, "m", b"j", b"w")

@@ -44,7 +44,6 @@ This relies on stores and loads not being reordered across CPython's C calls, wh
 from __future__ import annotations
 
 import _posixshmem
-import math
 import mmap
 import os
 import struct
@@ -136,14 +135,20 @@ def records(index: object, arena: object, max_bytes: int | None = None
     table.frombytes(index[INDEX_HEADER.size:INDEX_HEADER.size + 16 * capacity])  # type: ignore[index]
     offsets = sorted(offset_1 - 1 for offset_1 in table[1::2] if offset_1)
     unpack = RECORD_HEADER.unpack_from
+    if max_bytes is not None and offsets:
+        key_size, value_size = unpack(arena, offsets[-1])  # type: ignore[arg-type]
+        span = offsets[-1] + RECORD_HEADER.size + key_size + value_size - offsets[0]
+        if span > max_bytes:  # (else the records fit for sure: no count on the hot path)
+            left = max_bytes
+            for offset in offsets:
+                key_size, value_size = unpack(arena, offset)  # type: ignore[arg-type]
+                left -= key_size + value_size
+                if left < 0:
+                    return TOO_LARGE
     parts = []
     append = parts.append
-    left = math.inf if max_bytes is None else max_bytes
     for offset in offsets:
         key_size, value_size = unpack(arena, offset)  # type: ignore[arg-type]
-        left -= key_size + value_size
-        if left < 0:
-            return TOO_LARGE
         start = offset + RECORD_HEADER.size
         part = arena[start:start + key_size + value_size]  # type: ignore[index]
         if len(part) != key_size + value_size:

@@ -215,6 +215,7 @@ def test_a_scan_copies_no_more_than_its_limit(published) -> None:
     whole = reader.scan("m", 1, UUID, member)
     data, count = whole
     assert count == 51 and len(data) == 2 + sum(len(b"key%d" % i) + 100 for i in range(50))
+    assert reader.scan("m", 1, UUID, member, max_bytes=10 * len(data)) == whole
     assert reader.scan("m", 1, UUID, member, max_bytes=len(data)) == whole  # exactly fits
     hits, misses = reader.hits, reader.misses
     assert reader.scan("m", 1, UUID, member, max_bytes=len(data) - 1) is MISS

@@ -45,14 +45,16 @@ def scan(m: Map, batch_size: int) -> tuple[int, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keys", type=int, default=200_000, help="entries of the spread map")
+    parser.add_argument("--keys", type=int, default=200_000,
+                        help="entries of the spread map (default 200000)")
     parser.add_argument("--big-values", type=int, default=6_000,
-                        help="values in the one big partition")
+                        help="values in the one big partition (default 6000)")
     parser.add_argument("--value-bytes", type=int, default=10_000,
-                        help="bytes per value of the big partition")
+                        help="bytes per value of the big partition (default 10000)")
     parser.add_argument("--batch-size", type=int, default=1000,
                         help="entries per batch the scan yields (default 1000)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="scans of each map each way (default 3)")
     args = parser.parse_args()
     name = f"bs{uuid.uuid4().hex[:8]}"
     shmgrid = [sys.executable, "-m", "grid"]

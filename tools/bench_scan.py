@@ -3,8 +3,8 @@
     python tools/bench_scan.py                     # both cases below
     python tools/bench_scan.py --big-values 6000 --value-bytes 10000
 
-Starts a 3-member cluster (backup 1) and scans two maps, each with local reads on and off,
-alternately, `--rounds` times:
+Starts a 3-member cluster (backup 1, as bench_ops.py does) and scans two maps, each with local
+reads on and off, alternately, `--rounds` times:
 - "spread": `--keys` entries of 100 bytes over every partition (each partition far below a
   scan's 4 MiB chunk, so a local scan reads every partition from shared memory);
 - "one big partition": `--big-values` values of `--value-bytes` in partition 0 alone (larger
@@ -16,12 +16,12 @@ highest of the rounds) per scan; the scans yield `--batch-size` entries at a tim
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
-import subprocess
-import sys
 import time
 import tracemalloc
-import uuid
+
+from bench_ops import grid_cluster  # (tools/: the same 3-member, backup 1 cluster)
 
 import grid
 from grid.client.map import Map
@@ -43,6 +43,20 @@ def scan(m: Map, batch_size: int) -> tuple[int, float, float]:
     return n, took, peak / 1e6
 
 
+def fill(client: grid.Client, keys: int, big_values: int, value_bytes: int) -> None:
+    """The map "spread" (``keys`` entries of 100 bytes), and "big": ``big_values`` values of
+    ``value_bytes`` whose keys all fall in partition 0."""
+    spread = client.get_map("spread")
+    for at in range(0, keys, 1000):
+        spread.put_all({f"k{i}": b"v" * 100 for i in range(at, min(at + 1000, keys))})
+    count = client.partition_count
+    in_first = (k for k in (f"big{i}" for i in itertools.count())
+                if partition_id_of(serialize_key(k), count) == 0)
+    big, value = client.get_map("big"), b"x" * value_bytes
+    for at in range(0, big_values, 500):
+        big.put_all({next(in_first): value for _ in range(min(500, big_values - at))})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=200_000,
@@ -56,45 +70,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="scans of each map each way (default 3)")
     args = parser.parse_args()
-    name = f"bs{uuid.uuid4().hex[:8]}"
-    shmgrid = [sys.executable, "-m", "grid"]
-    subprocess.run([*shmgrid, "start", "--detach", "--cluster-name", name], check=True,
-                   capture_output=True)
-    try:
-        with grid.connect(cluster_name=name) as writer, \
-                grid.connect(cluster_name=name, local_reads=True) as reader:
-            spread = writer.get_map("spread")
-            for at in range(0, args.keys, 1000):
-                spread.put_all({f"k{i}": b"v" * 100 for i in range(at, min(at + 1000,
-                                                                          args.keys))})
-            count = writer.partition_count
-            big_keys = (k for k in (f"big{i}" for i in range(100 * args.big_values * count))
-                        if partition_id_of(serialize_key(k), count) == 0)
-            big = writer.get_map("big")
-            value = b"x" * args.value_bytes
-            batch: dict[str, bytes] = {}
-            for _ in range(args.big_values):
-                batch[next(big_keys)] = value
-                if len(batch) == 500:
-                    big.put_all(batch)
-                    batch = {}
-            if batch:
-                big.put_all(batch)
-            cases = {}
-            for map_name in ("spread", "big"):
-                local = reader.get_map(map_name)
-                remote = reader.get_map(map_name, local_reads=False)
-                scan(local, args.batch_size)  # the first scan asks the owners to publish the map
-                time.sleep(1.5)  # ... which they do within a heartbeat
-                cases[(map_name, "local reads")] = local
-                cases[(map_name, "owners")] = remote
-            results: dict[tuple[str, str], list[tuple[int, float, float]]] = {
-                case: [] for case in cases}
-            for _ in range(args.rounds):
-                for case, m in cases.items():
-                    results[case].append(scan(m, args.batch_size))
-    finally:
-        subprocess.run([*shmgrid, "stop", "--cluster-name", name], capture_output=True)
+    with grid_cluster(None) as name, grid.connect(cluster_name=name) as writer, \
+            grid.connect(cluster_name=name, local_reads=True) as reader:
+        fill(writer, args.keys, args.big_values, args.value_bytes)
+        cases = {}
+        for map_name in ("spread", "big"):
+            local = reader.get_map(map_name)
+            scan(local, args.batch_size)  # the first scan asks the owners to publish the map
+            time.sleep(1.5)  # ... which they do within a heartbeat
+            cases[(map_name, "local reads")] = local
+            cases[(map_name, "owners")] = reader.get_map(map_name, local_reads=False)
+        results: dict[tuple[str, str], list[tuple[int, float, float]]] = {
+            case: [] for case in cases}
+        for _ in range(args.rounds):
+            for case, m in cases.items():
+                results[case].append(scan(m, args.batch_size))
     print(f"{'map':<22}{'scan':<14}{'entries':>9}{'entries/s':>12}{'peak MB':>9}")
     for (map_name, how), runs in results.items():
         label = "spread" if map_name == "spread" else "one big partition"

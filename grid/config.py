@@ -64,6 +64,10 @@ class GridConfig:
     # next request, or a backup's acknowledgement, usually comes sooner than a sleeping
     # member wakes up. It yields its core meanwhile to whoever else wants it. 0: no spin.
     member_busy_poll_us: int = 100
+    # What the data path's links run on (grid/link.py): "unix", a Unix socket in Linux's
+    # abstract namespace, a third of TCP's kernel time a message (TCP on other platforms);
+    # or "tcp", on ``host``.
+    link_transport: str = "unix"
     max_value_bytes: int = 64 * 1024 * 1024
     max_message_bytes: int = 512 * 1024 * 1024
     host: str = "127.0.0.1"
@@ -116,6 +120,8 @@ class GridConfig:
         if not self.cluster_name or not all(c.isalnum() or c in "_." for c in self.cluster_name):
             errors.append(
                 f"cluster_name {self.cluster_name!r} must be letters, digits, '_' or '.'")
+        if self.link_transport not in ("unix", "tcp"):
+            errors.append(f"link_transport must be unix or tcp, not {self.link_transport!r}")
         if self.persistence_fsync not in ("always", "interval", "never"):
             errors.append(f"persistence_fsync must be always, interval or never, not "
                           f"{self.persistence_fsync!r}")

@@ -1,5 +1,5 @@
-"""Links (grid/link.py): messages of frames over a TCP connection, whole and in order, whatever
-the sizes and however the bytes arrive; a broken or lying peer ends the link."""
+"""Links (grid/link.py): messages of frames over a Unix or TCP connection, whole and in order,
+whatever the sizes and however the bytes arrive; a broken or lying peer ends the link."""
 
 from __future__ import annotations
 
@@ -10,20 +10,26 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from grid.client.invocation import Invoker
-from grid.link import FRAME, Link, LinkError, address_of, encode, listen
+from grid.link import FRAME, TRANSPORTS, Link, LinkError, address_of, encode, listen
 
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(params=TRANSPORTS)
+def transport(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def pair():
+def pair(transport):
     """make(max_frame_bytes) -> (a link we opened, the link the other end accepted)."""
     opened: list[Link] = []
 
     def make(max_frame_bytes: int = 1 << 30) -> tuple[Link, Link]:
-        listener = listen("127.0.0.1")
+        listener = listen("127.0.0.1", transport)
         try:
             ours = Link.connect(address_of(listener), max_frame_bytes)
             listener.setblocking(True)
@@ -62,10 +68,28 @@ def test_messages_of_any_shape_come_whole_and_in_order(pair):
     assert take(theirs, len(sent), ours) == sent
 
 
-def test_bytes_that_come_one_at_a_time_make_the_same_messages():
+def test_the_address_names_the_transport(transport):
+    listener = listen("127.0.0.1", transport)
+    try:
+        address = address_of(listener)
+        if transport == "unix":
+            assert listener.family == socket.AF_UNIX and address.startswith("unix:@shmgrid-")
+        else:
+            assert listener.family == socket.AF_INET and address.startswith("127.0.0.1:")
+        other = listen("127.0.0.1", transport)
+        assert address_of(other) != address, "a fresh name each"
+        other.close()
+    finally:
+        listener.close()
+    with pytest.raises(ValueError, match="udp"):
+        listen("127.0.0.1", "udp")
+
+
+def test_bytes_that_come_one_at_a_time_make_the_same_messages(transport):
     """A peer that writes a byte at a time: every split of headers and frames is seen."""
-    listener = listen("127.0.0.1")
-    writer = socket.create_connection(listener.getsockname())
+    listener = listen("127.0.0.1", transport)
+    writer = socket.socket(listener.family, socket.SOCK_STREAM)
+    writer.connect(listener.getsockname())
     listener.setblocking(True)
     sock, _ = listener.accept()
     listener.close()
@@ -122,18 +146,18 @@ def test_a_header_with_a_bad_flag_ends_the_link(pair):
         take(theirs, 1)
 
 
-def test_nobody_listening_is_an_error_at_connect():
-    listener = listen("127.0.0.1")
+def test_nobody_listening_is_an_error_at_connect(transport):
+    listener = listen("127.0.0.1", transport)
     address = address_of(listener)
     listener.close()
     with pytest.raises(OSError):
         Link.connect(address, 1 << 20)
 
 
-def test_a_client_gives_up_at_once_on_a_request_whose_link_broke():
+def test_a_client_gives_up_at_once_on_a_request_whose_link_broke(transport):
     """The member died with the request on its link: the client learns it from the closed
     connection and retries elsewhere, instead of waiting out the attempt."""
-    listener = listen("127.0.0.1")
+    listener = listen("127.0.0.1", transport)
     listener.setblocking(True)
 
     def die_after_the_request() -> None:
@@ -153,3 +177,16 @@ def test_a_client_gives_up_at_once_on_a_request_whose_link_broke():
         dying.join()
         listener.close()
         invoker.close()
+
+
+def test_an_endpoint_zeromq_refuses_leaves_no_socket_to_wait_for():
+    """A DEALER whose connect failed was once left open: closing the client then waited for
+    it forever."""
+    invoker = Invoker([], "c", invocation_timeout=1.0, attempt_timeout=1.0)
+    with pytest.raises(zmq.ZMQError) as refused:
+        invoker._socket("not an endpoint")
+    assert refused.traceback  # (holds the frames: nothing is collected behind our back)
+    closing = threading.Thread(target=invoker.close, daemon=True)
+    closing.start()
+    closing.join(5)
+    assert not closing.is_alive(), "closing the client hangs"

@@ -1,6 +1,7 @@
-"""Round trips between two processes: ZeroMQ DEALER/ROUTER, a link (grid/link.py), a link
-whose caller busy-polls for the reply (grid/client/busy_poll.py), and one where the server
-busy-polls for the next request too (as a member does).
+"""Round trips between two processes: ZeroMQ DEALER/ROUTER, a link (grid/link.py, on a Unix
+socket), a link whose caller busy-polls for the reply (grid/client/busy_poll.py), one where
+the server busy-polls for the next request too (as a member does), and that last one over TCP
+(``link_transport = "tcp"``).
 
     python tools/bench_transport.py --round-trips 20000 --size 100
 
@@ -50,10 +51,10 @@ def zmq_server(ready: multiprocessing.Queue, done: multiprocessing.Queue) -> Non
 
 
 def link_server(ready: multiprocessing.Queue, done: multiprocessing.Queue,
-                busy_poll_s: float = 0.0) -> None:
+                busy_poll_s: float = 0.0, transport: str = "unix") -> None:
     """Echo on a link; with ``busy_poll_s``, poll on without sleeping for that long after
     each message, as a member does (workers/member.py)."""
-    listener = listen("127.0.0.1")
+    listener = listen("127.0.0.1", transport)
     ready.put(address_of(listener))
     listener.setblocking(True)
     sock, _ = listener.accept()
@@ -78,10 +79,11 @@ def run(kind: str, round_trips: int, size: int) -> tuple[float, float, float]:
     """(p50 µs, caller CPU µs per round trip, server CPU µs per round trip)."""
     ready: multiprocessing.Queue = multiprocessing.Queue()
     done: multiprocessing.Queue = multiprocessing.Queue()
-    server_spin = MEMBER_BUSY_POLL_S if kind == "link-spin-both" else 0.0
+    server_spin = MEMBER_BUSY_POLL_S if kind.endswith("spin-both") else 0.0
+    transport = "tcp" if kind.startswith("tcp") else "unix"
     server = multiprocessing.Process(
         target=zmq_server if kind == "zmq" else link_server,
-        args=(ready, done) if kind == "zmq" else (ready, done, server_spin))
+        args=(ready, done) if kind == "zmq" else (ready, done, server_spin, transport))
     server.start()
     address = ready.get(timeout=10)
     payload = b"x" * size
@@ -141,18 +143,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     results: dict[str, list[tuple[float, float, float]]] = {
-        "zmq": [], "link": [], "link-spin": [], "link-spin-both": []}
+        "zmq": [], "link": [], "link-spin": [], "link-spin-both": [], "tcp-link-spin-both": []}
     for _ in range(args.rounds):
         for kind in results:
             results[kind].append(run(kind, args.round_trips, args.size))
     mean = {kind: [statistics.mean(r[i] for r in rows) for i in range(3)]
             for kind, rows in results.items()}
-    print(f"{'transport':<20}{'p50 µs':>10}{'caller CPU µs':>16}{'server CPU µs':>16}")
+    print(f"{'transport':<24}{'p50 µs':>10}{'caller CPU µs':>16}{'server CPU µs':>16}")
     for kind, (p50, caller, server) in mean.items():
-        print(f"{kind:<20}{p50:>10.1f}{caller:>16.1f}{server:>16.1f}")
-    for kind in ("zmq", "link-spin", "link-spin-both"):
+        print(f"{kind:<24}{p50:>10.1f}{caller:>16.1f}{server:>16.1f}")
+    for kind in ("zmq", "link-spin", "link-spin-both", "tcp-link-spin-both"):
         ratios = [v / lk for v, lk in zip(mean[kind], mean["link"], strict=True)]
-        print(f"{kind + '/link':<20}{ratios[0]:>9.2f}x{ratios[1]:>15.2f}x{ratios[2]:>15.2f}x")
+        print(f"{kind + '/link':<24}{ratios[0]:>9.2f}x{ratios[1]:>15.2f}x{ratios[2]:>15.2f}x")
 
 
 if __name__ == "__main__":

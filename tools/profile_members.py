@@ -47,10 +47,13 @@ def sample(pids: list[int], seconds: float, rate: int, directory: Path) -> list[
 def summarize(outputs: list[Path], top: int) -> str:
     inclusive: collections.Counter[str] = collections.Counter()
     innermost: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = malformed = 0
     for out in outputs:
-        for line in out.read_text().splitlines():
+        for line in out.read_text(errors="replace").splitlines():
             stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():  # py-spy garbles a frame now and then
+                malformed += 1
+                continue
             n = int(count)
             functions = [frame.split(" (")[0] for frame in stack.split(";")]
             total += n
@@ -59,7 +62,9 @@ def summarize(outputs: list[Path], top: int) -> str:
             innermost[functions[-1]] += n
     if not total:
         return "no samples (does py-spy have ptrace rights?)"
-    lines = [f"{total:,} samples over {len(outputs)} members", "", "inclusive:"]
+    lines = [f"{total:,} samples over {len(outputs)} members"
+             + (f" ({malformed} unreadable stacks left out)" if malformed else ""),
+             "", "inclusive:"]
     lines += [f"{n / total:6.1%}  {f}" for f, n in inclusive.most_common(top)]
     lines += ["", "innermost frame:"]
     lines += [f"{n / total:6.1%}  {f}" for f, n in innermost.most_common(top // 2)]

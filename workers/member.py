@@ -66,7 +66,7 @@ class Member(Node):
         self.peers: dict[str, zmq.Socket] = {}  # member uuid or endpoint -> DEALER
         self.max_message_bytes = config.max_message_bytes
         self.busy_poll_s = config.member_busy_poll_us / 1e6
-        self.link_listener = listen(config.host)
+        self.link_listener = listen(config.host, config.link_transport)
         self.poller.register(self.link_listener.fileno(), zmq.POLLIN)
         # Links by file descriptor: (the ident its requests are answered to, the link); the
         # ident is None for our own links to peers, which bring replies.

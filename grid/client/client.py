@@ -3,6 +3,7 @@ each key to the owner of its partition."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -272,6 +273,9 @@ class Client:
         self.close()
 
 
+MEMBER_ADDRESS = re.compile(r"tcp://(\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):\d{1,5}")
+
+
 def connect(address: str | None = None, *, cluster_name: str | None = None,
             registry_path: str | None = None, invocation_timeout: float | None = None,
             config: GridConfig | None = None, local_reads: bool = False) -> Client:
@@ -282,6 +286,9 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
         **({"cluster_name": cluster_name} if cluster_name else {}))
     timeout = invocation_timeout if invocation_timeout is not None else config.invocation_timeout
     secret, local = config.cluster_secret, None
+    if address and not MEMBER_ADDRESS.fullmatch(address):
+        raise ValueError(f"{address!r} is not a member's address (tcp://HOST:PORT); to connect "
+                         f"by cluster name, pass cluster_name={address!r}")
     if address:
         seeds, where, local = [address], address, address
     else:

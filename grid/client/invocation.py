@@ -95,7 +95,11 @@ class Invoker:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(endpoint)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError:
+                sock.close(0)  # else closing the context waits for it forever
+                raise
             self.sockets[endpoint] = sock
         return sock
 

@@ -196,3 +196,6 @@ def test_no_cluster_errors(tmp_path):
         grid.connect(cluster_name="nothere")
     with pytest.raises(errors.ClusterNotRunningError):
         grid.connect("tcp://127.0.0.1:9", invocation_timeout=2)
+    for address in ("nothere", "tcp://127.0.0.1", "127.0.0.1:5555", "tcp://a b:1"):
+        with pytest.raises(ValueError, match="not a member's address"):
+            grid.connect(address)  # (a cluster name passed as the address hung here once)

@@ -853,3 +853,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except GridError as exc:  # no cluster there, a refusal: what went wrong, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -288,7 +288,7 @@ def connect(address: str | None = None, *, cluster_name: str | None = None,
     secret, local = config.cluster_secret, None
     if address and not MEMBER_ADDRESS.fullmatch(address):
         raise ValueError(f"{address!r} is not a member's address (tcp://HOST:PORT); to connect "
-                         f"by cluster name, pass cluster_name={address!r}")
+                         f"by cluster name, pass it as cluster_name (--cluster-name)")
     if address:
         seeds, where, local = [address], address, address
     else:

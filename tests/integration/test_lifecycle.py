@@ -64,6 +64,13 @@ def test_stop_and_status_without_a_cluster_say_so():
     assert result.returncode == 1
     assert "no shmgrid cluster is running" in result.stderr and "nosuchcluster.json" in \
         result.stderr
+    for command in (["bench"], ["chaos", "--duration", "1"], ["wait-safe"],
+                    ["state"]):  # (bench once printed a traceback here)
+        result = run_cli(*command, "--cluster-name", "nosuchcluster", check=False)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("error: no shmgrid cluster is running"), result.stderr
+    result = run_cli("bench", "--address", "nosuchcluster", check=False)
+    assert result.returncode == 2 and "not a member's address" in result.stderr
     result = run_cli("stop", "--cluster-name", "nosuchcluster", check=False)
     assert result.returncode == 1
 

@@ -1,9 +1,9 @@
 """How long a client polls for a reply without sleeping, per kind of request.
 
 A process that sleeps in ``poll`` must be woken when its reply comes. On this project's small
-virtual machines that wake-up costs more than the reply itself: a bare TCP round trip on the
-host takes about 53 µs when both ends sleep, 21 µs when the waiting end polls without sleeping
-(and the sender's CPU per message falls from 22 to 9 µs, since it has no sleeper to wake;
+virtual machines that wake-up costs more than the reply itself: a bare round trip on a link
+takes about 59 µs when both ends sleep, 20 µs when the waiting end polls without sleeping
+(and the sender's CPU per message falls from 29 to 8 µs, since it has no sleeper to wake;
 ``tools/bench_transport.py``). So a client that expects its reply soon spins on a
 non-blocking poll for a while before it sleeps.
 

@@ -313,7 +313,8 @@ class MapService:
         key = frames[0]
         store = self.store
         slots = [(pid, ns)]
-        if op in (p.GET, p.CONTAINS) and not self._servable(pid, write=False):
+        if op in (p.GET, p.CONTAINS) and self.config.migration_stale_read_disabled and \
+                self.member.migrations.migrating(pid):  # (we own it: checked above)
             self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
             return
         if op == p.GET:
@@ -366,21 +367,13 @@ class MapService:
 
     # -- partitions ------------------------------------------------------------------------
 
-    @staticmethod
-    def _pids(header: dict[str, Any]) -> list[Any]:
+    def _pids(self, header: dict[str, Any]) -> list[int]:
         pids = header.get("pids")
         if not isinstance(pids, list):
             raise ProtocolError("pids must be a list")
+        for pid in pids:
+            self.check_pid(pid)
         return pids
-
-    def _servable(self, pid: int, write: bool) -> bool:
-        """Whether this member serves ``pid`` now: it owns it, and no migration holds it
-        (writes wait for a migration; reads too if migration_stale_read_disabled)."""
-        if not self._owns(pid):
-            return False
-        if write or self.config.migration_stale_read_disabled:
-            return not self.member.migrations.migrating(pid)
-        return True
 
     def _moved(self, pids: list[int]) -> list[list[Any]]:
         """Our rows of the partitions we do not own, [pid, version, replicas] each: a client
@@ -394,12 +387,20 @@ class MapService:
         """The reply fields for the partitions a batch did not serve here."""
         return {"wrong": wrong, "rows": self._moved(wrong)} if wrong else {"wrong": wrong}
 
-    def _split(self, pids: list[Any], write: bool) -> tuple[list[int], list[int]]:
-        """The partitions served now, and the rest (not owned, or held by a migration):
-        the client sends those again, as it does partitions that moved."""
+    def _split(self, pids: list[int], write: bool) -> tuple[list[int], list[int]]:
+        """The partitions served now: owned here, and not held by a migration (writes wait
+        for one; reads too if migration_stale_read_disabled). The client sends the rest
+        again, as it does partitions that moved. One table lookup a partition (a batch of
+        100 keys has 80); the callers checked the ids (``_pids``, ``_grouped_items``)."""
         served, wrong = [], []
+        owner, me = self.member.cluster.table.owner, self.member.info.uuid
+        migrating = self.member.migrations.migrating \
+            if write or self.config.migration_stale_read_disabled else None
         for pid in pids:
-            (served if self._servable(self.check_pid(pid), write) else wrong).append(pid)
+            if owner(pid) == me and not (migrating and migrating(pid)):
+                served.append(pid)
+            else:
+                wrong.append(pid)
         return served, wrong
 
     def _grouped_items(self, header: dict[str, Any], frames: list[bytes],
@@ -432,11 +433,10 @@ class MapService:
         names = [ns, *extra_slots]
         ticket = Ticket([(pid, name) for pid in pids for name in names],
                         [(ident, header.get("id"))], self._wrong(wrong))
-        fresh = []
-        for pid in pids:
-            if iid is None or (self.records.get(pid, iid) is NOT_RECORDED
-                               and self._under_way(pid, iid) is None):
-                fresh.append(pid)
+        if iid is None or (iid not in self.records and iid not in self.in_flight):
+            return ticket, pids, iid  # a first attempt: nothing of it was applied yet
+        fresh = [pid for pid in pids if self.records.get(pid, iid) is NOT_RECORDED
+                 and self._under_way(pid, iid) is None]
         return ticket, fresh, iid
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -457,9 +457,7 @@ class MapService:
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
-        for pid in fresh:
-            items = groups[pid]
-            self.store.put_many(pid, ns, zip(items[0::2], items[1::2], strict=True))
+        self.store.put_groups(ns, [(pid, groups[pid]) for pid in fresh])
         self._replicate(ticket, ns, PUT_KIND, {pid: groups[pid] for pid in fresh},
                         iid, False)
 
@@ -560,34 +558,49 @@ class MapService:
         synchronous one); the ticket is answered when the synchronous ones applied it.
         ``chain`` ([pid, client id, request id] of a single-key write) lets the backup answer
         the client in our place, where grid/cluster/chain.py allows it."""
-        total = self.config.backup_count + self.config.async_backup_count
+        sync_count, async_count = self.config.backup_count, self.config.async_backup_count
+        total = sync_count + async_count
         table = self.member.cluster.table
         per_member: dict[tuple[str, bool], tuple[list, list]] = {}
         journal = self.member.journal
         durable_wait = journal is not None and self.config.persistence_fsync == "always"
+        increment = self.versions.increment
+        written, waiting = ticket.written, ticket.waiting
+        track = not self.ack_early
+        # The loop runs once per partition of a batch (80 of 100 keys): no helper calls
+        # beyond the version increment and the table row (_backup_targets, inline).
         for pid, items in items_by_pid.items():
-            versions = self.versions.increment(pid, ns, total)
-            target_versions = None if target is None else \
-                list(self.versions.increment(pid, target, total))
-            part = [pid, list(versions), len(items), table.version(pid), iid, want_old,
-                    target_versions]
-            sync, asynchronous = self._backup_targets(pid)
-            ticket.written.add(pid)
+            versions = increment(pid, ns, total)
+            target_versions = None if target is None else increment(pid, target, total)
+            replicas = table.replicas(pid)
+            part = [pid, versions, len(items), table.version(pid), iid, want_old,
+                    target_versions]  # (the vectors are tuples: msgpack packs them as arrays)
+            written.add(pid)
+            sync = [r for r in replicas[1:1 + sync_count] if r]
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
-            elif chain is not None and not self.ack_early and \
+            elif chain is not None and track and \
                     owner_may_chain(len(sync), len(ticket.waiters), durable_wait):
                 ticket.chained = True
             for uuid in sync:
-                if not self.ack_early:
-                    ticket.waiting.setdefault(uuid, set()).add(pid)
-                parts, payload = per_member.setdefault((uuid, True), ([], []))
-                parts.append(part)
-                payload.extend(items)
-            for uuid in asynchronous:
-                parts, payload = per_member.setdefault((uuid, False), ([], []))
-                parts.append(part)
-                payload.extend(items)
+                if track:
+                    pending = waiting.get(uuid)
+                    if pending is None:
+                        waiting[uuid] = {pid}
+                    else:
+                        pending.add(pid)
+                group = per_member.get((uuid, True))
+                if group is None:
+                    per_member[(uuid, True)] = ([part], list(items))
+                else:
+                    group[0].append(part)
+                    group[1].extend(items)
+            if async_count:
+                for uuid in replicas[1 + sync_count:1 + total]:
+                    if uuid:
+                        group = per_member.setdefault((uuid, False), ([], []))
+                        group[0].append(part)
+                        group[1].extend(items)
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)
@@ -923,11 +936,13 @@ class MapService:
         refused, at = [], 0
         applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
         answer, answered = header.get("answer"), False
+        replicas = table.replicas
         for pid, versions, count, _, iid, want_old, target_versions in parts:
             chunk = items[at:at + count]
             at += count
-            index = table.replica_index(pid, me)
-            if table.owner(pid) != sender or index <= 0:
+            row = replicas(pid)
+            index = row.index(me) if me in row else -1  # (table.replica_index, inline)
+            if row[0] != sender or index <= 0:
                 refused.append(pid)
                 continue
             if kind == SYNC_KIND:
@@ -944,7 +959,11 @@ class MapService:
             if old is NOT_APPLIED:
                 continue
             if iid is not None:
-                applied.setdefault(iid, ([], old if want_old else None))[0].append(pid)
+                done = applied.get(iid)
+                if done is None:
+                    applied[iid] = ([pid], old if want_old else None)
+                else:
+                    done[0].append(pid)
             if answer is not None and answer[0] == pid:
                 answered = self._answer_caller(pid, ns, answer[1], answer[2], old)
         for iid, (pids, outcome) in applied.items():
@@ -973,7 +992,8 @@ class MapService:
         returned, or NOT_APPLIED."""
         decision = self.versions.apply_backup(pid, ns, index, versions)
         requests = self.member.syncs.requests
-        if decision.request_sync:
+        in_sequence = decision is BackupDecision.APPLY  # (nearly always: no checks then)
+        if not in_sequence and decision.request_sync:
             if decision is BackupDecision.APPLY_DIRTY:
                 log.info("partition %d/%s missed a backup operation; marked dirty", pid, ns)
             requests.want(pid, (ns,))
@@ -981,7 +1001,7 @@ class MapService:
             target = chunk[0].decode()
             if self.versions.apply_backup(pid, target, index, target_versions).request_sync:
                 requests.want(pid, (target,))
-        if not decision.apply:
+        if not in_sequence and not decision.apply:
             return NOT_APPLIED
         old = self._apply_backup(pid, ns, kind, chunk)
         if not replay and pid in requests.pending:  # a sync request is out: its window

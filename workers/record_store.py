@@ -743,6 +743,24 @@ class RecordStore:
 
     def put_many(self, pid: int, namespace: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
         """Store every pair (later pairs win). A too-large record fails the batch unchanged."""
+        checked, record_bytes_sum = self._checked(pairs)
+        if checked:
+            self._put_checked(pid, namespace, checked, record_bytes_sum)
+
+    def put_groups(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]) -> None:
+        """``put_many`` over several partitions, each group's items flat (key, value, key,
+        value, ...): a batch of 100 keys spans about 80 partitions, a pair or so each. A
+        too-large record fails the whole batch unchanged."""
+        checked = [(pid, *self._checked(zip(items[0::2], items[1::2], strict=True)))
+                   for pid, items in groups]
+        for pid, pairs, record_bytes_sum in checked:
+            if pairs:
+                self._put_checked(pid, namespace, pairs, record_bytes_sum)
+
+    def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
+                 ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The pairs as bytes (keys) and buffers (values), and their records' size in all;
+        ValueTooLargeError for a record the store cannot hold."""
         checked: list[tuple[bytes, bytes]] = []
         record_bytes_sum = 0
         record_bytes_max = self._max_record_bytes
@@ -756,13 +774,18 @@ class RecordStore:
                 raise self._too_large(len(key), len(value))
             record_bytes_sum += record_size
             checked.append((key, value))
-        if not checked:
-            return
+        return checked, record_bytes_sum
+
+    def _put_checked(self, pid: int, namespace: str, checked: list[tuple[bytes, bytes]],
+                     record_bytes_sum: int) -> None:
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_bytes_sum)
-        _changing(fragment, fragment.put_many, checked, record_bytes_sum)
+        if fragment.shared is None:
+            fragment.put_many(checked, record_bytes_sum)
+        else:
+            _changing(fragment, fragment.put_many, checked, record_bytes_sum)
         if self.journal is not None:
             self.journal.put_many(pid, namespace, checked)
 

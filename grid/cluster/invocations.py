@@ -38,6 +38,10 @@ class InvocationRecords:
         record = self._records.get(iid)
         return record[1] if record is not None and pid in record[0] else NOT_RECORDED
 
+    def __contains__(self, iid: str) -> bool:
+        """Whether ``iid`` was applied to any partition (and is still remembered)."""
+        return iid in self._records
+
     def record(self, iid: str, pids: Iterable[int], outcome: Any, now: float) -> None:
         """``iid`` was applied to ``pids``; a later record of it adds partitions (a resend
         that reached partitions the first attempt did not) and keeps the first outcome."""
@@ -50,8 +54,13 @@ class InvocationRecords:
                 self._forget(self._order.popleft()[1])
         else:
             record[0].update(pids)
-        for pid in pids:
-            self._by_pid.setdefault(pid, set()).add(iid)
+        by_pid = self._by_pid
+        for pid in pids:  # (a batch's 80 partitions: no set made for nothing)
+            iids = by_pid.get(pid)
+            if iids is None:
+                by_pid[pid] = {iid}
+            else:
+                iids.add(iid)
 
     def of_partition(self, pid: int) -> list[tuple[str, Any]]:
         """(invocation id, outcome) of what was applied to ``pid``: a migration or a sync

@@ -68,7 +68,7 @@ class ReplyOrder:
     def busy(self, slots: Iterable[Slot]) -> bool:
         """Whether any of ``slots`` has an answer still waiting."""
         queues = self._queues
-        return any(slot in queues for slot in slots)
+        return bool(queues) and any(slot in queues for slot in slots)
 
     def busy_partition(self, pid: int) -> bool:
         """Whether any answer about partition ``pid`` is still waiting."""

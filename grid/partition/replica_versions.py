@@ -119,7 +119,9 @@ class ReplicaVersions:
         self._partitions: dict[int, dict[Hashable, _Entry]] = {}
 
     def _entry(self, pid: int, namespace: Hashable) -> _Entry:
-        namespaces = self._partitions.setdefault(pid, {})
+        namespaces = self._partitions.get(pid)
+        if namespaces is None:
+            namespaces = self._partitions[pid] = {}
         entry = namespaces.get(namespace)
         if entry is None:
             entry = namespaces[namespace] = _Entry()
@@ -164,8 +166,11 @@ class ReplicaVersions:
 
     def _install(self, entry: _Entry, vector: Versions, replica_index: int) -> None:
         start = replica_index - 1
-        entry.versions[:start] = [0] * start
-        entry.versions[start:] = vector[start:]
+        if start:
+            entry.versions[:start] = [0] * start
+            entry.versions[start:] = vector[start:]
+        else:  # the first backup, the one nearly every write has: the whole vector
+            entry.versions[:] = vector
 
     def apply_backup(
         self, pid: int, namespace: Hashable, replica_index: int, versions: Sequence[int]

@@ -24,6 +24,16 @@ def test_recorded_outcome_is_returned_for_each_of_its_partitions():
     assert len(records) == 1, "one record per invocation, not per partition"
 
 
+def test_contains_says_whether_an_invocation_is_remembered():
+    """What an owner asks first of a batch write: no per-partition look-up for a new one."""
+    records = InvocationRecords(keep_s=10.0)
+    assert "i1" not in records
+    records.record("i1", [3], None, now=0.0)
+    assert "i1" in records and "i2" not in records
+    records.expire(now=20.0)
+    assert "i1" not in records
+
+
 def test_partition_not_in_the_record_is_not_recorded():
     records = InvocationRecords(keep_s=10.0)
     records.record("i1", [3], b"old", now=0.0)

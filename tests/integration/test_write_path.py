@@ -63,6 +63,31 @@ def test_a_resent_put_returns_the_first_outcome(cluster_factory):
         assert m.get("k") == 2
 
 
+def test_a_resent_put_all_is_applied_once(cluster_factory):
+    """A batch resent with its invocation id (its reply was lost) writes nothing again: a
+    later write to one of its keys stays."""
+    cluster = cluster_factory(members=3)
+    with cluster.connect() as client:
+        m = client.get_map("m")
+        entries = {f"k{i}": i for i in range(20)}
+        by_pid: dict[int, list[bytes]] = {}
+        for key, value in entries.items():
+            by_pid.setdefault(client.partition_id(key), []).extend(
+                [serialize_key(key), serialize_value(value)])
+        iid = m._invoker.invocation_id()
+
+        def build(group: list[int]) -> tuple[dict, list]:
+            items = [item for pid in group for item in by_pid[pid]]
+            return {"ns": "m", "pids": group, "counts": [len(by_pid[pid]) // 2 for pid in group],
+                    "iid": iid}, [p.pack_items(items)]
+
+        m._invoker.invoke_partitions(p.PUT_ALL, list(by_pid), build, lambda *_: None)
+        m.put("k3", "later")
+        m._invoker.invoke_partitions(p.PUT_ALL, list(by_pid), build, lambda *_: None)
+        assert m.get("k3") == "later"
+        assert m.get_all(list(entries)) == {**entries, "k3": "later"}
+
+
 def test_status_shows_partitions_without_a_backup(cluster_factory):
     cluster = cluster_factory(members=2, partition_count=31)
     before = json.loads(cluster.cli("status", "--json").stdout)

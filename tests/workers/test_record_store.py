@@ -196,6 +196,9 @@ def test_too_large_record_changes_nothing(make_store, shm_prefix: str) -> None:
         store.put(2, NS, b"k", b"x" * 5000)  # would have made a new fragment
     with pytest.raises(ValueTooLargeError):
         store.put_many(1, NS, [(b"a", b"1"), (b"k", b"2"), (b"big", b"x" * limit)])
+    with pytest.raises(ValueTooLargeError):  # one group too large: no group is written
+        store.put_groups(NS, [(1, [b"a", b"1"]), (3, [b"b", b"2"]),
+                              (4, [b"c", b"3", b"big", b"x" * limit])])
     assert store.get(1, NS, b"k") == fits
     assert store.get(1, NS, b"a") is None
     assert store.size(1, NS) == 1
@@ -509,6 +512,18 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.put_many(pid, namespace, iter(pairs))
         if pairs:
             self.fragment(pid, namespace).update(pairs)
+
+    @rule(
+        namespace=namespaces,
+        groups=st.dictionaries(pids, st.lists(st.tuples(keys_small, st.binary(max_size=60)),
+                                              max_size=5), max_size=4),
+    )
+    def put_groups(self, namespace: str, groups: dict[int, list[tuple[bytes, bytes]]]) -> None:
+        self.store.put_groups(namespace, [(pid, [item for pair in pairs for item in pair])
+                                          for pid, pairs in groups.items()])
+        for pid, pairs in groups.items():
+            if pairs:
+                self.fragment(pid, namespace).update(pairs)
 
     @rule(pid=pids, namespace=namespaces, value_size=st.integers(min_value=0, max_value=40))
     def rewrite_all(self, pid: int, namespace: str, value_size: int) -> None:

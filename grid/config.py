@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+LINK_TRANSPORTS = ("unix", "tcp")  # what grid/link.py can listen on
+
 MAX_BACKUP_COUNT = 6
 # The cluster secret's variable; the CLI hands a configured secret to the detached supervisor
 # in it rather than on the command line, which every user can read.
@@ -120,8 +122,9 @@ class GridConfig:
         if not self.cluster_name or not all(c.isalnum() or c in "_." for c in self.cluster_name):
             errors.append(
                 f"cluster_name {self.cluster_name!r} must be letters, digits, '_' or '.'")
-        if self.link_transport not in ("unix", "tcp"):
-            errors.append(f"link_transport must be unix or tcp, not {self.link_transport!r}")
+        if self.link_transport not in LINK_TRANSPORTS:
+            errors.append(f"link_transport must be one of {LINK_TRANSPORTS}, not "
+                          f"{self.link_transport!r}")
         if self.persistence_fsync not in ("always", "interval", "never"):
             errors.append(f"persistence_fsync must be always, interval or never, not "
                           f"{self.persistence_fsync!r}")

@@ -35,13 +35,15 @@ from collections.abc import Sequence
 
 import zmq
 
+from grid.config import LINK_TRANSPORTS
+
 FRAME = struct.Struct("<IB")
 # ZeroMQ's poll flags as plain ints: both loops poll links with zmq's poller, and its IntFlag
 # arithmetic costs microseconds a message.
 POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 RECV_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 1.0
-TRANSPORTS = ("unix", "tcp")
+TRANSPORTS = LINK_TRANSPORTS
 UNIX_PREFIX = "unix:@"
 # Linux has the abstract namespace; elsewhere a Unix socket is a file to clean up: TCP there.
 ABSTRACT_UNIX = sys.platform.startswith("linux")

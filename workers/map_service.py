@@ -558,8 +558,7 @@ class MapService:
         synchronous one); the ticket is answered when the synchronous ones applied it.
         ``chain`` ([pid, client id, request id] of a single-key write) lets the backup answer
         the client in our place, where grid/cluster/chain.py allows it."""
-        sync_count, async_count = self.config.backup_count, self.config.async_backup_count
-        total = sync_count + async_count
+        total = self.config.backup_count + self.config.async_backup_count
         table = self.member.cluster.table
         per_member: dict[tuple[str, bool], tuple[list, list]] = {}
         journal = self.member.journal
@@ -567,16 +566,13 @@ class MapService:
         increment = self.versions.increment
         written, waiting = ticket.written, ticket.waiting
         track = not self.ack_early
-        # The loop runs once per partition of a batch (80 of 100 keys): no helper calls
-        # beyond the version increment and the table row (_backup_targets, inline).
-        for pid, items in items_by_pid.items():
+        for pid, items in items_by_pid.items():  # (a batch of 100 keys has 80 partitions)
             versions = increment(pid, ns, total)
             target_versions = None if target is None else increment(pid, target, total)
-            replicas = table.replicas(pid)
             part = [pid, versions, len(items), table.version(pid), iid, want_old,
                     target_versions]  # (the vectors are tuples: msgpack packs them as arrays)
             written.add(pid)
-            sync = [r for r in replicas[1:1 + sync_count] if r]
+            sync, asynchronous = self._backup_targets(pid)
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
             elif chain is not None and track and \
@@ -595,12 +591,10 @@ class MapService:
                 else:
                     group[0].append(part)
                     group[1].extend(items)
-            if async_count:
-                for uuid in replicas[1 + sync_count:1 + total]:
-                    if uuid:
-                        group = per_member.setdefault((uuid, False), ([], []))
-                        group[0].append(part)
-                        group[1].extend(items)
+            for uuid in asynchronous:
+                group = per_member.setdefault((uuid, False), ([], []))
+                group[0].append(part)
+                group[1].extend(items)
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)

@@ -14,8 +14,9 @@ from workers.replica_sync_service import ReplicaSyncService
 pytestmark = pytest.mark.timeout(300)
 
 
-def caught(cases: list[str], seeds: range) -> str | None:
-    return first_failure(check_case, cases, seeds)
+def caught(cases: list[str], seeds: range, known: tuple[int, str] | None = None
+           ) -> str | None:
+    return first_failure(check_case, cases, seeds, known)
 
 
 def test_a_backup_that_never_installs_an_answer_is_caught(monkeypatch):
@@ -36,13 +37,13 @@ def test_an_answer_installed_without_the_window_operations_is_caught(monkeypatch
     def no_replay(window, snapshot, replaced, leaf_of):
         return plan(window, snapshot, replaced, leaf_of)[0], []
     monkeypatch.setattr("workers.replica_sync_service.plan_install", no_replay)
-    assert caught(CASES, range(6))
+    assert caught(CASES, range(6), known=(2, "two-sync-slow-answers-kill"))
 
 
 def test_an_answer_installed_whatever_was_applied_meanwhile_is_caught(monkeypatch):
     monkeypatch.setattr("workers.replica_sync_service.plan_install",
                         lambda window, snapshot, replaced, leaf_of: (True, []))
-    assert caught(CASES, range(6))
+    assert caught(CASES, range(6), known=(2, "two-sync-slow-answers-kill"))
 
 
 def test_a_dirty_backup_that_drops_operations_until_its_sync_is_caught(monkeypatch):

@@ -196,10 +196,10 @@ def _member_uuids(endpoint: str, cluster_name: str) -> set[str]:
 
 def test_a_death_is_reported_while_an_added_member_is_still_starting(cluster_factory,
                                                                      monkeypatch):
-    """member-2 takes 20 s to start (a test hook); member-1 is killed meanwhile. The
+    """member-2 takes 10 s to start (a test hook); member-1 is killed meanwhile. The
     supervisor reports the death at once, while the add is still in progress (heartbeats,
     the fallback, would take 30 s here), and the add completes afterwards."""
-    monkeypatch.setenv(START_DELAY_ENV, "member-2=20")
+    monkeypatch.setenv(START_DELAY_ENV, "member-2=10")
     cluster = cluster_factory(members=2, heartbeat_timeout=30)
     registry = cluster.registry
     master, victim = registry["members"]

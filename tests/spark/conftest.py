@@ -41,6 +41,21 @@ def spark():
         stop_local_session(session)
 
 
+@pytest.fixture(autouse=True)
+def _maps_cleared_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the shared real cluster, clear every map it holds. Each fragment is a
+    shared-memory segment: a cluster that kept every Spark test's maps (and staging maps)
+    holds thousands of them, and every later test that lists /dev/shm slows down with it."""
+    yield
+    if "grid_cluster" not in request.fixturenames:
+        return
+    with request.getfixturevalue("grid_cluster").connect() as client:
+        names = {name for _, status in client.cluster.members_status(5.0)
+                 for name in (status or {}).get("maps") or ()}
+        for name in names:
+            client.get_map(name).clear()
+
+
 @pytest.fixture
 def map_name() -> str:
     """A map name no other test uses."""

@@ -43,7 +43,6 @@ FRAME = struct.Struct("<IB")
 POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 RECV_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 1.0
-TRANSPORTS = LINK_TRANSPORTS
 UNIX_PREFIX = "unix:@"
 # Linux has the abstract namespace; elsewhere a Unix socket is a file to clean up: TCP there.
 ABSTRACT_UNIX = sys.platform.startswith("linux")
@@ -62,8 +61,8 @@ def encode(frames: Sequence[bytes]) -> bytes:
 def listen(host: str, transport: str = "unix") -> socket.socket:
     """A non-blocking listening socket: an abstract Unix socket with a fresh name (where
     ``transport`` is "unix" and the platform has them), else TCP on a free port of ``host``."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"a link transport is one of {TRANSPORTS}, not {transport!r}")
+    if transport not in LINK_TRANSPORTS:
+        raise ValueError(f"a link transport is one of {LINK_TRANSPORTS}, not {transport!r}")
     if transport == "unix" and ABSTRACT_UNIX:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(f"\0shmgrid-{os.getpid()}-{secrets.token_hex(8)}")

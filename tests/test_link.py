@@ -13,12 +13,13 @@ import pytest
 import zmq
 
 from grid.client.invocation import Invoker
-from grid.link import FRAME, TRANSPORTS, Link, LinkError, address_of, encode, listen
+from grid.config import LINK_TRANSPORTS
+from grid.link import FRAME, Link, LinkError, address_of, encode, listen
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=LINK_TRANSPORTS)
 def transport(request) -> str:
     return request.param
 

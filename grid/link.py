@@ -50,6 +50,9 @@ ABSTRACT_UNIX = sys.platform.startswith("linux")
 
 def encode(frames: Sequence[bytes]) -> bytes:
     """One message, as it goes on the wire."""
+    if len(frames) == 2:  # most requests and replies: a header, and a key or a value
+        head, body = frames
+        return b"".join((FRAME.pack(len(head), 1), head, FRAME.pack(len(body), 0), body))
     parts = []
     last = len(frames) - 1
     for i, frame in enumerate(frames):
@@ -90,7 +93,8 @@ class Link:
     """One connection: a non-blocking socket, the bytes it has yet to send, and the bytes
     that came in but are not a whole message yet."""
 
-    __slots__ = ("sock", "fd", "out", "inbound", "partial", "max_frame_bytes", "closed")
+    __slots__ = ("sock", "fd", "out", "inbound", "needed", "partial", "max_frame_bytes",
+                 "closed")
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         sock.setblocking(False)
@@ -99,7 +103,8 @@ class Link:
         self.sock = sock
         self.fd = sock.fileno()
         self.out = bytearray()
-        self.inbound = bytearray()
+        self.inbound = bytearray()  # the start of a frame that is not whole yet
+        self.needed = 0  # the bytes inbound must hold for that frame to be whole
         self.partial: list[bytes] = []  # frames of a message whose last frame is to come
         self.max_frame_bytes = max_frame_bytes
         self.closed = False
@@ -163,6 +168,7 @@ class Link:
         """Every whole message that has come in. Raises LinkError once the peer closed the
         link (after the messages before the close were taken) or broke the framing."""
         eof = False
+        chunks = []
         while True:
             try:
                 chunk = self.sock.recv(RECV_BYTES)
@@ -174,36 +180,48 @@ class Link:
             if not chunk:
                 eof = True
                 break
-            self.inbound += chunk
+            chunks.append(chunk)
             if len(chunk) < RECV_BYTES:
                 break
-        messages = self._parse()
+        messages = self._parse(chunks) if chunks else []
         if eof and not messages:
             self.close()
             raise LinkError("the peer closed the link")
         return messages
 
-    def _parse(self) -> list[list[bytes]]:
-        buf = self.inbound
-        end, at = len(buf), 0
+    def _parse(self, chunks: list[bytes]) -> list[list[bytes]]:
+        """The whole messages in what came before (``inbound``) and ``chunks``. Mostly a
+        read holds whole messages and nothing came before: frames are sliced straight out of
+        it. A frame that comes in many reads gathers in ``inbound`` until it is whole
+        (``needed`` bytes), and is copied out once."""
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if self.inbound:
+            self.inbound += data
+            if len(self.inbound) < self.needed:
+                return []
+            data = bytes(self.inbound)
+            self.inbound = bytearray()
+        end, at = len(data), 0
         messages = []
         frames = self.partial
-        with memoryview(buf) as view:
-            while end - at >= FRAME.size:
-                size, more = FRAME.unpack_from(buf, at)
-                if size > self.max_frame_bytes or more > 1:
-                    self.close()
-                    raise LinkError(f"a frame of {size} bytes (flag {more}) on a link")
-                start = at + FRAME.size
-                if end - start < size:
-                    break
-                frames.append(view[start:start + size].tobytes())
-                at = start + size
-                if not more:
-                    messages.append(frames)
-                    frames = []
+        unpack, header, limit = FRAME.unpack_from, FRAME.size, self.max_frame_bytes
+        while end - at >= header:
+            size, more = unpack(data, at)
+            if size > limit or more > 1:
+                self.close()
+                raise LinkError(f"a frame of {size} bytes (flag {more}) on a link")
+            start = at + header
+            if end - start < size:
+                break
+            at = start + size
+            frames.append(data[start:at])
+            if not more:
+                messages.append(frames)
+                frames = []
         self.partial = frames
-        del buf[:at]
+        if at < end:
+            self.inbound = bytearray(data[at:])
+            self.needed = header + (unpack(data, at)[0] if end - at >= header else 0)
         return messages
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ def take(receiver: Link, count: int, sender: Link | None = None) -> list[list[by
             assert sender.flush()
         select.select([receiver.sock], [], [], 0.01)
         messages += receiver.receive()
+    assert {type(frame) for message in messages for frame in message} <= {bytes}
     return messages
 
 
@@ -103,7 +104,7 @@ def test_bytes_that_come_one_at_a_time_make_the_same_messages(transport):
             writer.sendall(data[i:i + 1])
             select.select([reader.sock], [], [], 0.01)
             got += reader.receive()
-        assert got == sent
+        assert got == sent and {type(frame) for message in got for frame in message} == {bytes}
     finally:
         writer.close()
         reader.close()

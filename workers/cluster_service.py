@@ -76,6 +76,8 @@ class ClusterService:
         self.lease = MembershipLease(self.config.heartbeat_timeout,
                                      margin_s=self.config.heartbeat_timeout * 0.05)
         self.heard_number: dict[str, int] = {}  # peer -> newest heartbeat number from it
+        # lease_until's last answer: (member list, the lease's changes, until)
+        self._lease_cache: tuple[MemberList | None, int, float] = (None, -1, -math.inf)
         self.next_table_ask = 0.0
         self.next_lease_ask = 0.0
         self.next_catch_up: dict[str, float] = {}
@@ -162,17 +164,26 @@ class ClusterService:
 
     def lease_until(self) -> float:
         """Until when nobody can have removed this member (-inf: no lease now); local
-        readers trust this member's memory until then (workers/local_reads.py)."""
+        readers trust this member's memory until then (workers/local_reads.py).
+
+        Every read and write asks this, so the answer is kept until the member list (an
+        immutable value, replaced on every change) or the lease's echoes change."""
         if not self.joined or self.recovering:
             return -math.inf
-        if self.is_master:
-            peers = [u for u in self.members.uuids if u != self.me]
+        members = self.members
+        master = members.master
+        if master is None or (master.uuid != self.me and master.uuid in self.dead):
+            return -math.inf
+        cached_members, changes, until = self._lease_cache
+        if cached_members is members and changes == self.lease.changes:
+            return until
+        if master.uuid == self.me:  # the master: every member could claim mastership
+            peers = [u for u in members.uuids if u != self.me]
         else:
-            master = self.members.master
-            if master is None or master.uuid in self.dead:
-                return -math.inf
             peers = [master.uuid]
-        return self.lease.valid_until(peers)
+        until = self.lease.valid_until(peers)
+        self._lease_cache = (members, self.lease.changes, until)
+        return until
 
     def ask_for_table(self) -> None:
         """Our table is older than a peer's: heartbeat the master now (at most once a

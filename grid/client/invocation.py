@@ -73,6 +73,8 @@ class Invoker:
         # Each partition's owner endpoint, built from the table and endpoints on first use
         # after either changed: every batch looks up one per partition it touches.
         self._owner_endpoints: list[str | None] | None = None
+        # What to poll for replies on the open links, while none waits to write (_polled).
+        self._poll_links: list[tuple[int, int]] | None = None
         self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.dead_pids: set[int] = set()  # member processes seen gone: asked no more
@@ -109,6 +111,7 @@ class Invoker:
             sock.close(0)
         link = self.links.pop(endpoint, None)
         if link is not None:
+            self._poll_links = None
             if self.link_endpoints.get(link.fd) == endpoint:  # (a closed link's fd is reused)
                 del self.link_endpoints[link.fd]
             link.close()
@@ -124,7 +127,12 @@ class Invoker:
             link = self._open_link(endpoint, address)
             if link is None:
                 return False
-        return link.send(frames)
+        if link.send(frames):
+            if link.out:
+                self._poll_links = None  # the socket took part: poll it for writing too
+            return True
+        self._drop_socket(endpoint)  # it broke: the next request opens a new one
+        return False
 
     def _open_link(self, endpoint: str, address: str) -> Link | None:
         """A new link to a member; None if it cannot be opened (nobody listens)."""
@@ -133,6 +141,7 @@ class Invoker:
             link = self.links[endpoint] = Link.connect(address, MAX_REPLY_BYTES)
         except OSError:
             return None
+        self._poll_links = None
         self.link_endpoints[link.fd] = endpoint
         # First on every link: who we are, so that a backup can answer our single-key
         # writes in their owner's place (grid/cluster/chain.py). Nobody waits for its reply.
@@ -163,45 +172,64 @@ class Invoker:
                 header = p.request(op, rid, self.cluster_name, **fields)
                 if self._send(endpoint, [header, *frames]):
                     wanted[rid] = endpoint
-            results: dict[int, Reply] = {}
-            deadline = time.monotonic() + timeout
-            kind = requests[0][1] if requests else ""
-            sent = time.perf_counter()
-            spin_until = sent + self.busy_poll.budget(kind)  # (grid/client/busy_poll.py)
-            while len(results) < len(wanted):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                polled = self._polled(wanted, results)
-                events = None
-                while time.perf_counter() < spin_until:
-                    events = zmq.zmq_poll(polled, 0)
-                    if events:
-                        break
-                    os.sched_yield()  # whoever else wants this core comes first
-                if not events:
-                    slice_ms = int(min(remaining, LIVENESS_CHECK_S) * 1000) + 1
-                    events = zmq.zmq_poll(polled, slice_ms)
-                for sock, mask in events:
-                    if sock.__class__ is not int:
-                        if mask & POLLIN:
-                            self._collect(sock, wanted, results)
-                    elif not self._on_link(sock, mask, wanted, results):
-                        break  # a link broke: its requests get no reply
-                if not events and self._gone(wanted, results):
-                    break  # a member we wait for has died: retry elsewhere now
-            if wanted and len(results) == len(wanted):
-                self.busy_poll.record(kind, time.perf_counter() - sent)
-            return [results.get(rid) for rid in rids]
+            dealers = any(endpoint not in self.link_addresses for endpoint in wanted.values())
+            return self._gather(rids, wanted, requests[0][1] if requests else "", timeout,
+                                dealers)
 
-    def _polled(self, wanted: dict[int, str], results: dict[int, Reply]) -> list[Any]:
-        """Every open link (a reply may come from a member other than the one asked: a
-        backup answering a write), and the sockets of the requests sent without one."""
-        polled: list[Any] = [(link.fd, POLLIN | (POLLOUT if link.wants_write else 0))
-                             for link in self.links.values() if not link.closed]
-        for endpoint in {ep for rid, ep in wanted.items() if rid not in results}:
-            if endpoint not in self.link_addresses or endpoint not in self.links:
-                polled.append((self.sockets[endpoint], POLLIN))
+    def _gather(self, rids: list[int], wanted: dict[int, str], kind: str, timeout: float,
+                dealers: bool) -> list[Reply | None]:
+        """The replies to the requests ``rids`` (None for each that did not come in
+        ``timeout``), of which ``wanted`` (request id -> endpoint) were sent, some on
+        DEALER sockets if ``dealers``. Caller holds the lock."""
+        results: dict[int, Reply] = {}
+        if not wanted:
+            return [None] * len(rids)
+        deadline = time.monotonic() + timeout
+        sent = time.perf_counter()
+        spin_until = sent + self.busy_poll.budget(kind)  # (grid/client/busy_poll.py)
+        polled = self._polled(wanted, dealers)
+        while len(results) < len(wanted):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            events = None
+            while time.perf_counter() < spin_until:
+                events = zmq.zmq_poll(polled, 0)
+                if events:
+                    break
+                os.sched_yield()  # whoever else wants this core comes first
+            if not events:
+                slice_ms = int(min(remaining, LIVENESS_CHECK_S) * 1000) + 1
+                events = zmq.zmq_poll(polled, slice_ms)
+            for sock, mask in events:
+                if sock.__class__ is not int:
+                    if mask & POLLIN:
+                        self._collect(sock, wanted, results)
+                elif not self._on_link(sock, mask, wanted, results):
+                    break  # a link broke: its requests get no reply
+            if not events and self._gone(wanted, results):
+                break  # a member we wait for has died: retry elsewhere now
+            if polled is not self._poll_links:
+                polled = self._polled(wanted, dealers)  # a link broke, wrote, or waits to
+        if len(results) == len(wanted):
+            self.busy_poll.record(kind, time.perf_counter() - sent)
+        return [results.get(rid) for rid in rids]
+
+    def _polled(self, wanted: dict[int, str], dealers: bool) -> list[Any]:
+        """What to poll: every open link (a reply may come from a member other than the one
+        asked: a backup answering a write), for writing too while it has bytes to send, and
+        with ``dealers`` the sockets of the requests sent without a link. The links' part is
+        kept from one call to the next (``_poll_links``) until a link opens, closes, or
+        starts or stops waiting to write."""
+        polled = self._poll_links
+        if polled is None:
+            polled = self._poll_links = [(link.fd, POLLIN | (POLLOUT if link.out else 0))
+                                         for link in self.links.values() if not link.closed]
+        if dealers:
+            addresses, links = self.link_addresses, self.links
+            polled = [*polled, *((self.sockets[endpoint], POLLIN)
+                                 for endpoint in set(wanted.values())
+                                 if endpoint not in addresses or endpoint not in links)]
         return polled
 
     def _on_link(self, fd: int, mask: int, wanted: dict[int, str],
@@ -211,8 +239,11 @@ class Invoker:
         endpoint = self.link_endpoints[fd]
         link = self.links[endpoint]
         try:
-            if mask & POLLOUT and not link.flush():
-                raise LinkError("the link broke")
+            if mask & POLLOUT:
+                if not link.flush():
+                    raise LinkError("the link broke")
+                if not link.out:
+                    self._poll_links = None  # all written: poll it for replies only
             messages = link.receive() if mask & (POLLIN | POLLERR) else []
         except LinkError:
             self._drop_socket(endpoint)
@@ -332,14 +363,51 @@ class Invoker:
 
     # -- partition invocations with retries ------------------------------------------------
 
+    def invoke_key(self, op: str, pid: int, fields: dict[str, Any], frames: list[bytes]
+                   ) -> Reply:
+        """``invoke_partitions`` of one request to one partition; its reply. Most such calls
+        (a get, a put) find the owner's link open and get a plain answer at once: that first
+        attempt is made here, without the batch's bookkeeping. Anything else it brings (no
+        link, no answer, an error, a hint that the partition moved) goes on in
+        ``invoke_partitions`` as that call's first attempt, so that retries and what a
+        failed write reports are decided in one place."""
+        deadline = time.monotonic() + self.invocation_timeout
+        first = None
+        with self.lock:
+            endpoint = self.owner_endpoint(pid) if self.table is not None else None
+            link = self.links.get(endpoint) if endpoint is not None else None
+            if link is not None and not link.closed and not self.closed \
+                    and self.pids.get(endpoint) not in self.dead_pids:
+                rid = next(self.ids)
+                if link.send([p.request(op, rid, self.cluster_name, **fields), *frames]):
+                    if link.out:
+                        self._poll_links = None  # the socket took part: poll for writing
+                    first = self._gather([rid], {rid: endpoint}, op, min(
+                        self.attempt_timeout, self.invocation_timeout), False)
+                else:
+                    self._drop_socket(endpoint)  # not sent: invoke_partitions opens a link
+        if first is not None:
+            reply = first[0]
+            if reply is not None and reply[0].get("ok") and not reply[0].get("rows") \
+                    and not reply[0].get("wrong"):
+                return reply
+        out: list[Reply] = []
+        self.invoke_partitions(op, [pid], lambda group: (fields, frames),
+                               lambda group, header, frames: out.append((header, frames)),
+                               None if first is None else (deadline, first))
+        return out[0]
+
     def invoke_partitions(self, op: str, pids: Sequence[int], build: BuildRequest,
-                          handle: HandleReply) -> None:
+                          handle: HandleReply,
+                          first: tuple[float, list[Reply | None]] | None = None) -> None:
         """Run ``op`` on every partition in ``pids``: one message per owning member with
         that member's partitions, retrying the partitions that failed retryably. A write
         that runs out of time after an attempt that may have been applied (no answer, or
         the owner lost the partition while it waited for backups) raises
-        IndeterminateOperationStateError."""
-        deadline = time.monotonic() + self.invocation_timeout
+        IndeterminateOperationStateError. ``first``: the invocation's deadline and the
+        reply to its first attempt, made already, of one message to the owner of all
+        ``pids`` (``invoke_key``)."""
+        deadline = time.monotonic() + self.invocation_timeout if first is None else first[0]
         todo = sorted(set(pids))
         backoff = BACKOFF_S_MIN
         last: GridError | None = None
@@ -348,24 +416,29 @@ class Invoker:
         write = op in p.WRITE_OPS
         for _attempt in itertools.count():
             moved = False  # a member's hint moved one of our partitions on: retry at once
-            if self.table is None:
-                self.refresh()
-            by_owner: dict[str, list[int]] = defaultdict(list)
             retry = []
-            for pid in todo:
-                endpoint = self.owner_endpoint(pid)
-                if endpoint is None:
-                    retry.append(pid)
-                    last = NotReadyError(f"partition {pid} has no owner yet")
-                else:
-                    by_owner[endpoint].append(pid)
-            requests, groups = [], []
-            for endpoint, group in by_owner.items():
-                fields, frames = build(group)
-                requests.append((endpoint, op, fields, frames))
-                groups.append(group)
             timeout = min(self.attempt_timeout, max(0.0, deadline - time.monotonic()))
-            replies = self.exchange(requests, timeout) if requests else []
+            if first is not None:
+                groups, replies = [todo], first[1]
+                timeout = min(self.attempt_timeout, self.invocation_timeout)
+                first = None
+            else:
+                if self.table is None:
+                    self.refresh()
+                by_owner: dict[str, list[int]] = defaultdict(list)
+                for pid in todo:
+                    endpoint = self.owner_endpoint(pid)
+                    if endpoint is None:
+                        retry.append(pid)
+                        last = NotReadyError(f"partition {pid} has no owner yet")
+                    else:
+                        by_owner[endpoint].append(pid)
+                requests, groups = [], []
+                for endpoint, group in by_owner.items():
+                    fields, frames = build(group)
+                    requests.append((endpoint, op, fields, frames))
+                    groups.append(group)
+                replies = self.exchange(requests, timeout) if requests else []
             for group, reply in zip(groups, replies, strict=True):
                 if reply is None:
                     retry.extend(group)
@@ -386,8 +459,12 @@ class Invoker:
                     last = error
                     maybe_applied = maybe_applied or bool(header.get("indeterminate"))
                     continue
-                wrong = set(header.get("wrong") or ())
-                handle([pid for pid in group if pid not in wrong], header, frames)
+                wrong = header.get("wrong")
+                if wrong:
+                    wrong = set(wrong)
+                    handle([pid for pid in group if pid not in wrong], header, frames)
+                else:
+                    handle(group, header, frames)
                 applied = True
                 if wrong:
                     retry.extend(wrong)

@@ -85,11 +85,7 @@ class Map:
         if op in p.WRITE_KEY_OPS:
             fields["iid"] = self._invoker.invocation_id()
             fields["cid"] = self._invoker.client_id  # its backup may answer (cluster/chain.py)
-        out: list[tuple[dict, list]] = []
-        self._invoker.invoke_partitions(
-            op, [pid], lambda group: (fields, frames),
-            lambda group, header, reply: out.append((header, reply)))
-        return out[0]
+        return self._invoker.invoke_key(op, pid, fields, frames)
 
     def _value_of(self, reply: tuple[dict, list]) -> Any:
         frames = reply[1]

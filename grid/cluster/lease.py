@@ -26,6 +26,7 @@ class MembershipLease:
         self.counter = 0
         self._sent: OrderedDict[int, float] = OrderedDict()  # our heartbeat number -> sent at
         self._echoed: dict[str, float] = {}  # peer -> send time of the newest number it echoed
+        self.changes = 0  # rises whenever an echo is taken or forgotten (a caller's cache key)
 
     def next_heartbeat(self, now: float) -> int:
         """Number the heartbeat about to be sent at ``now``."""
@@ -41,12 +42,15 @@ class MembershipLease:
         sent = self._sent.get(number) if valid else None
         if sent is not None and sent > self._echoed.get(peer, -math.inf):
             self._echoed[peer] = sent
+            self.changes += 1
 
     def forget(self, peer: str) -> None:
-        self._echoed.pop(peer, None)
+        if self._echoed.pop(peer, None) is not None:
+            self.changes += 1
 
     def valid_until(self, peers: Iterable[str]) -> float:
-        """Until when none of ``peers`` can have removed us (infinite with no peer)."""
+        """Until when none of ``peers`` can have removed us (infinite with no peer). For the
+        same peers, this changes only when ``changes`` does."""
         until = math.inf
         for peer in peers:
             until = min(until, self._echoed.get(peer, -math.inf) + self.timeout - self.margin_s)

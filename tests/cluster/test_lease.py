@@ -194,6 +194,10 @@ def test_lease_matches_a_model(steps):
     sent: dict[int, float] = {}
     best: dict[str, float] = {}
     now = 0.0
+    def answers() -> dict[str, float]:
+        return {peers: lease.valid_until(peers) for peers in ("", "a", "b", "ab")}
+
+    before = (lease.changes, answers())
     for step in steps:
         if step[0] == "send":
             now += step[1]
@@ -213,6 +217,11 @@ def test_lease_matches_a_model(steps):
             expected = min((best.get(p, -math.inf) + timeout - margin for p in peers),
                            default=math.inf)
             assert lease.valid_until(peers) == expected
+        # A caller may keep an answer for as long as ``changes`` stays (ClusterService does).
+        now_answers = answers()
+        if lease.changes == before[0]:
+            assert now_answers == before[1], "the lease changed but its changes count did not"
+        before = (lease.changes, now_answers)
         # The lease never moves back while a peer is not forgotten.
         for peer, t in best.items():
             assert lease.valid_until([peer]) >= t + timeout - margin

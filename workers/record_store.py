@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from grid.local_reads import RECORD_HEADER, key_hash
@@ -798,19 +798,20 @@ class RecordStore:
         get = fragment.get
         return [get(key if key.__class__ is bytes else _key_bytes(key)) for key in keys]
 
-    def found_in(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]
-                 ) -> list[bytes]:
-        """The keys present among (pid, keys) groups, each followed by its value: a batched
-        get over many partitions in one call (a batch of 100 keys spans about 80)."""
+    def found_in(self, namespace: str, groups: Mapping[int, list[bytes]],
+                 pids: Iterable[int]) -> list[bytes]:
+        """The keys present among ``groups[pid]`` for each of ``pids``, each followed by its
+        value: a batched get over many partitions in one call (a batch of 100 keys spans
+        about 80)."""
         fragments = self._partitions
         found: list[bytes] = []
         append = found.append
-        for pid, keys in groups:
+        for pid in pids:
             fragment = fragments.get(pid, _NO_FRAGMENTS).get(namespace)
             if fragment is None:
                 continue
             get = fragment.get
-            for key in keys:
+            for key in groups[pid]:
                 value = get(key if key.__class__ is bytes else _key_bytes(key))
                 if value is not None:
                     append(key)

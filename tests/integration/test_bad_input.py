@@ -41,6 +41,12 @@ GARBAGE = [
     [_header(op="set_state", id=17, state="DANCING")],
     [_header(op="replace_contents", id=18, ns="m", target=5, pids=[0])],
     [_header(op="get", id=19, c="other-cluster", ns="m", pid=0), b"k"],
+    [_header(op="get_all", id=20, ns="m", pids=[0, 1], counts=[2, -1]), msgpack.packb([b"k"])],
+    [_header(op="get_all", id=21, ns="m", pids=[0], counts=["1"]), msgpack.packb([b"k"])],
+    [_header(op="get_all", id=22, ns="m", pids=[99999], counts=[1]), msgpack.packb([b"k"])],
+    [_header(op="get_all", id=23, ns="m", pids=[0], counts=[2]), msgpack.packb([b"k"])],
+    [_header(op="put_all", id=24, ns="m", pids=[1, 0], counts=[1, 1]),
+     msgpack.packb([b"k", b"v"])],
 ]
 
 

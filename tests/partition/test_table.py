@@ -76,6 +76,8 @@ def test_reading_helpers():
     table.set_replicas(1, ["b", None, "a"])
     table.set_replicas(2, ["c"])
     assert table.owner(1) == "b"
+    assert table.owners([2, 0, 1, 3, 1]) == ["c", "a", "b", None, "b"]
+    assert table.owners([]) == []
     assert table.replica_index(1, "a") == 2
     assert table.replica_index(1, "c") == -1
     assert table.replica_index(1, None) == -1
@@ -107,6 +109,8 @@ def test_invalid_ids_and_indexes_are_refused():
     for bad_pid in (-1, 2, "0", True, 1.0):
         with pytest.raises(PartitionTableError):
             table.replicas(bad_pid)  # type: ignore[arg-type]
+        with pytest.raises(PartitionTableError):
+            table.owners([0, bad_pid])  # type: ignore[list-item]
     for bad_index in (-1, 7, True):
         with pytest.raises(PartitionTableError):
             table.set_replica(0, bad_index, "z")  # type: ignore[arg-type]

@@ -748,7 +748,8 @@ def test_found_in_gives_the_present_keys_of_many_partitions_with_their_values(
     store.put(1, "m", b"a", b"1")
     store.put(2, "m", b"b", b"2")
     store.put(2, "other", b"c", b"3")
-    groups = [(1, [b"a", b"absent"]), (2, [b"c", b"b"]), (9, [b"a"])]
-    assert store.found_in("m", groups) == [b"a", b"1", b"b", b"2"]
-    assert store.found_in("other", groups) == [b"c", b"3"]
-    assert store.found_in("none", groups) == []
+    groups = {1: [b"a", b"absent"], 2: [b"c", b"b"], 9: [b"a"], 3: [b"a"]}
+    assert store.found_in("m", groups, [1, 2, 9]) == [b"a", b"1", b"b", b"2"]
+    assert store.found_in("m", groups, [2]) == [b"b", b"2"]  # only the partitions asked
+    assert store.found_in("other", groups, [1, 2, 9]) == [b"c", b"3"]
+    assert store.found_in("none", groups, [1, 2, 9]) == []

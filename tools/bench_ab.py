@@ -1,11 +1,19 @@
 """Compare `shmgrid bench` between a git revision and the working tree, in one go.
 
     python tools/bench_ab.py HEAD~1 --rounds 2 --seconds 3
+    python tools/bench_ab.py HEAD~1 --instructions get      # the client's instructions per get
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
 code), and prints the mean of each operation's entries/s per tree and their ratio. Alternating
 spreads drift in the machine's speed over both sides.
+
+On a small shared virtual machine that drift can still be 20% from one minute to the next.
+``--instructions OP`` counts instead what does not drift: the instructions the client process
+executes per operation (get, put, get_all, put_all), under valgrind's cachegrind (Debian's
+valgrind package), as the difference between a client that makes ``--ops`` operations and one
+that makes none. Repeated counts agree within about 0.2%. Both trees' clients talk to one
+cluster run by the working tree; members' and kernel work and waiting are not counted.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,26 +32,79 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│")
+INSTRUCTION_OPS = ("get", "put", "get_all", "put_all")
+# A client doing $AB_OPS operations of $AB_OP on cluster $AB_CLUSTER's map "ab" (20,000 keys,
+# 100-byte values, batches of 100), after 20 that open its links.
+CLIENT = """
+import os, grid
+keys = [f"key-{i}" for i in range(20_000)]
+value = b"v" * 100
+batches = [keys[i:i + 100] for i in range(0, len(keys), 100)]
+with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
+    m = client.get_map("ab")
+    if os.environ["AB_OP"] == "fill":
+        for batch in batches:
+            m.put_all(dict.fromkeys(batch, value))
+    run = {"get": lambda i: m.get(keys[i % len(keys)]),
+           "put": lambda i: m.put(keys[i % len(keys)], value),
+           "get_all": lambda i: m.get_all(batches[i % len(batches)]),
+           "put_all": lambda i: m.put_all(dict.fromkeys(batches[i % len(batches)], value)),
+           "fill": lambda i: None}[os.environ["AB_OP"]]
+    for i in range(20 + int(os.environ["AB_OPS"])):
+        run(i)
+"""
+
+
+def shmgrid(tree: Path, name: str, *args: str) -> str:
+    """``shmgrid ARGS --cluster-name NAME`` run by ``tree``'s code; its output."""
+    done = subprocess.run([sys.executable, "-m", "grid", *args, "--cluster-name", name],
+                          cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"shmgrid {args[0]} failed in {tree}:\n{done.stderr}")
+    return done.stdout
 
 
 def run_once(tree: Path, seconds: float, clients: int) -> dict[str, tuple[float, float]]:
     """One bench against a new cluster run by ``tree``'s code: op -> (entries/s, p50 ms)."""
     name = f"ab{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-
-    def shmgrid(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "grid", *args, "--cluster-name", name],
-                              cwd=tree, env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise SystemExit(f"shmgrid {args[0]} failed in {tree}:\n{done.stderr}")
-        return done.stdout
-
-    shmgrid("start", "--detach")
+    shmgrid(tree, name, "start", "--detach")
     try:
-        out = shmgrid("bench", "--seconds", str(seconds), "--clients", str(clients))
+        out = shmgrid(tree, name, "bench", "--seconds", str(seconds), "--clients",
+                      str(clients))
     finally:
-        shmgrid("stop")
+        shmgrid(tree, name, "stop")
     return {m[1]: (float(m[2].replace(",", "")), float(m[3])) for m in ROW.finditer(out)}
+
+
+def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
+    """Instructions a client of ``tree`` executes to make ``ops`` operations ``op`` (plus
+    its start and 20 operations; None of them spin while they wait for a reply)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
+           "AB_OPS": str(ops), "SHMGRID_CLIENT_BUSY_POLL_US": "0"}
+    done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                           "--cachegrind-out-file=/dev/null", sys.executable, "-c", CLIENT],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"the client under valgrind failed in {tree}:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def compare_instructions(base: Path, op: str, ops: int) -> dict[str, float]:
+    """The client's instructions per ``op`` for each tree, against one cluster."""
+    name = f"ab{uuid.uuid4().hex[:8]}"
+    shmgrid(ROOT, name, "start", "--detach")
+    try:
+        client_instructions(ROOT, name, "fill", 0)
+        per_op = {}
+        for label, tree in (("base", base), ("tree", ROOT)):
+            print(f"counting {op} in {label}", file=sys.stderr, flush=True)
+            per_op[label] = (client_instructions(tree, name, op, ops)
+                             - client_instructions(tree, name, op, 0)) / ops
+    finally:
+        shmgrid(ROOT, name, "stop")
+    return per_op
 
 
 def main() -> int:
@@ -52,20 +114,41 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="time per op (default 3)")
     parser.add_argument("--clients", type=int, default=1, help="client processes (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--instructions", choices=INSTRUCTION_OPS, metavar="OP",
+                        help="count the client's instructions per OP instead "
+                             f"({', '.join(INSTRUCTION_OPS)}; needs valgrind)")
+    parser.add_argument("--ops", type=int, default=None,
+                        help="operations counted with --instructions (default 1000, "
+                             "100 for batches)")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="shmgrid-ab-") as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.revision],
                        cwd=ROOT, check=True, capture_output=True)
         try:
-            runs: dict[str, list[dict]] = {"base": [], "tree": []}
-            for round_no in range(args.rounds):
-                for label, tree in (("base", base), ("tree", ROOT)):
-                    print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
-                    runs[label].append(run_once(tree, args.seconds, args.clients))
+            if args.instructions:
+                ops = args.ops or (100 if args.instructions.endswith("_all") else 1000)
+                counted = compare_instructions(base, args.instructions, ops)
+            else:
+                runs: dict[str, list[dict]] = {"base": [], "tree": []}
+                for round_no in range(args.rounds):
+                    for label, tree in (("base", base), ("tree", ROOT)):
+                        print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
+                        runs[label].append(run_once(tree, args.seconds, args.clients))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
                            capture_output=True)
+    if args.instructions:
+        ratio = counted["tree"] / counted["base"]
+        if args.json:
+            print(json.dumps({args.instructions: {**counted, "ratio": ratio}}, indent=1))
+        else:
+            print(f"client instructions per {args.instructions} ({ops} counted): "
+                  f"{args.revision} {counted['base']:,.0f}, tree {counted['tree']:,.0f}, "
+                  f"ratio {ratio:.2f}")
+        return 0
     result = {}
     for op in runs["tree"][0]:
         base_rate = statistics.mean(r[op][0] for r in runs["base"] if op in r)

@@ -3,11 +3,14 @@ a clean refusal only when nothing of the write can have been applied."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from grid import protocol as p
 from grid.client.invocation import Invoker
 from grid.errors import ClusterStateError, PartlyAppliedError
+from grid.partition.table import PartitionTable
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,9 +25,11 @@ class ScriptedInvoker(Invoker):
         super().__init__([], "test", invocation_timeout=5.0, attempt_timeout=0.1)
         self.attempts = attempts
         self.handled: list[int] = []
-
-    def owner_endpoint(self, pid: int) -> str:
-        return "a" if pid < 2 else "b"
+        table = PartitionTable(4)  # not None: no refresh before the first attempt
+        for pid in range(4):
+            table.set_replicas(pid, ["member-a" if pid < 2 else "member-b"])
+        self.table = table
+        self.endpoints = {"member-a": "a", "member-b": "b"}
 
     def exchange(self, requests, timeout):
         return self.attempts.pop(0)[:len(requests)]
@@ -33,7 +38,6 @@ class ScriptedInvoker(Invoker):
         pass
 
     def run(self, op: str, pids: list[int]) -> None:
-        self.table = object()  # not None: no refresh before the first attempt
         self.invoke_partitions(op, pids, lambda group: ({}, []),
                                lambda group, header, frames: self.handled.extend(group))
 
@@ -71,4 +75,21 @@ def test_reads_are_refused_as_they_are():
     invoker = ScriptedInvoker([[None], [PASSIVE]])
     with pytest.raises(ClusterStateError) as caught:
         invoker.run(p.GET_ALL, [1])
+    assert not isinstance(caught.value, PartlyAppliedError)
+
+
+def test_a_first_attempt_made_by_invoke_key_counts_as_the_invocations_first():
+    """invoke_key hands what its first attempt brought to invoke_partitions: a write that
+    went unanswered there may have been applied, so a refusal after it is not clean."""
+    invoker = ScriptedInvoker([[PASSIVE]])
+    with pytest.raises(PartlyAppliedError):
+        invoker.invoke_partitions(p.PUT, [1], lambda group: ({}, []),
+                                  lambda group, header, frames: None,
+                                  (time.monotonic() + 5.0, [None]))
+    assert invoker.attempts == [], "one attempt after the first, not two"
+    invoker = ScriptedInvoker([])
+    with pytest.raises(ClusterStateError) as caught:  # refused at once: nothing applied
+        invoker.invoke_partitions(p.PUT, [1], lambda group: ({}, []),
+                                  lambda group, header, frames: None,
+                                  (time.monotonic() + 5.0, [PASSIVE]))
     assert not isinstance(caught.value, PartlyAppliedError)

@@ -70,8 +70,7 @@ class Invoker:
         self.members = MemberList()
         self.table: PartitionTable | None = None
         self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
-        # Each partition's owner endpoint, built from the table and endpoints on first use
-        # after either changed: every batch looks up one per partition it touches.
+        # Each partition's owner endpoint (_owner_list).
         self._owner_endpoints: list[str | None] | None = None
         # What to poll for replies on the open links, while none waits to write (_polled).
         self._poll_links: list[tuple[int, int]] | None = None
@@ -352,6 +351,13 @@ class Invoker:
         self._owner_endpoints = None
 
     def owner_endpoint(self, pid: int) -> str | None:
+        owners = self._owner_list()
+        return None if owners is None else owners[pid]
+
+    def _owner_list(self) -> list[str | None] | None:
+        """Each partition's owner endpoint (None: it has none, or we do not know it), or None
+        without a table: built on first use after the table or the endpoints changed, since
+        every batch looks up one per partition it touches."""
         owners = self._owner_endpoints
         if owners is None:
             if not self.table:
@@ -359,7 +365,7 @@ class Invoker:
             endpoints, table = self.endpoints, self.table
             owners = self._owner_endpoints = [
                 endpoints.get(table.owner(i)) for i in range(table.partition_count)]  # type: ignore[arg-type]
-        return owners[pid]
+        return owners
 
     # -- partition invocations with retries ------------------------------------------------
 
@@ -426,8 +432,9 @@ class Invoker:
                 if self.table is None:
                     self.refresh()
                 by_owner: dict[str, list[int]] = defaultdict(list)
+                owners = self._owner_list()
                 for pid in todo:
-                    endpoint = self.owner_endpoint(pid)
+                    endpoint = None if owners is None else owners[pid]
                     if endpoint is None:
                         retry.append(pid)
                         last = NotReadyError(f"partition {pid} has no owner yet")

@@ -163,6 +163,7 @@ class Invoker:
             if self.closed:
                 raise GridError("the client is closed")
             rids, wanted = [], {}
+            dealers = False  # a request went on a DEALER socket (a member without a link)
             for endpoint, op, fields, frames in requests:
                 rid = next(self.ids)
                 rids.append(rid)
@@ -171,7 +172,7 @@ class Invoker:
                 header = p.request(op, rid, self.cluster_name, **fields)
                 if self._send(endpoint, [header, *frames]):
                     wanted[rid] = endpoint
-            dealers = any(endpoint not in self.link_addresses for endpoint in wanted.values())
+                    dealers = dealers or endpoint not in self.link_addresses
             return self._gather(rids, wanted, requests[0][1] if requests else "", timeout,
                                 dealers)
 
@@ -372,27 +373,17 @@ class Invoker:
     def invoke_key(self, op: str, pid: int, fields: dict[str, Any], frames: list[bytes]
                    ) -> Reply:
         """``invoke_partitions`` of one request to one partition; its reply. Most such calls
-        (a get, a put) find the owner's link open and get a plain answer at once: that first
-        attempt is made here, without the batch's bookkeeping. Anything else it brings (no
-        link, no answer, an error, a hint that the partition moved) goes on in
+        (a get, a put) know the owner and get a plain answer at once: that first attempt is
+        made here, one ``exchange`` without the batch's bookkeeping. Anything else it brings
+        (no answer, an error, a hint that the partition moved) goes on in
         ``invoke_partitions`` as that call's first attempt, so that retries and what a
         failed write reports are decided in one place."""
         deadline = time.monotonic() + self.invocation_timeout
+        endpoint = self.owner_endpoint(pid) if self.table is not None else None
         first = None
-        with self.lock:
-            endpoint = self.owner_endpoint(pid) if self.table is not None else None
-            link = self.links.get(endpoint) if endpoint is not None else None
-            if link is not None and not link.closed and not self.closed \
-                    and self.pids.get(endpoint) not in self.dead_pids:
-                rid = next(self.ids)
-                if link.send([p.request(op, rid, self.cluster_name, **fields), *frames]):
-                    if link.out:
-                        self._poll_links = None  # the socket took part: poll for writing
-                    first = self._gather([rid], {rid: endpoint}, op, min(
-                        self.attempt_timeout, self.invocation_timeout), False)
-                else:
-                    self._drop_socket(endpoint)  # not sent: invoke_partitions opens a link
-        if first is not None:
+        if endpoint is not None:
+            first = self.exchange([(endpoint, op, fields, frames)],
+                                  min(self.attempt_timeout, self.invocation_timeout))
             reply = first[0]
             if reply is not None and reply[0].get("ok") and not reply[0].get("rows") \
                     and not reply[0].get("wrong"):

@@ -26,6 +26,7 @@ import psutil
 import zmq
 
 from grid import protocol as p
+from grid.bytecode_count import COUNT_BYTECODES_ENV, count_on_signals
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
 from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError, address_of, listen
@@ -384,6 +385,8 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    if os.environ.get(COUNT_BYTECODES_ENV):  # tools/count_bytecodes.py
+        count_on_signals(os.environ[COUNT_BYTECODES_ENV])
     if os.environ.get(START_DELAY_ENV):  # tests only: a member that is slow to start
         time.sleep(_member_value(os.environ[START_DELAY_ENV], name))
     member = None

@@ -24,6 +24,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -108,9 +109,23 @@ def count(tree: Path, op: str, ops: int) -> dict[str, collections.Counter[str]]:
             for side, counts in raw.items()}
 
 
+def _unlined(name: str) -> str:
+    """"f (file.py:12)" as "f (file.py)": a function keeps its name when lines move."""
+    return re.sub(r":\d+\)$", ")", name)
+
+
+def _unlined_counts(counts: collections.Counter[str]) -> collections.Counter[str]:
+    merged: collections.Counter[str] = collections.Counter()
+    for name, n in counts.items():
+        merged[_unlined(name)] += n
+    return merged
+
+
 def show(label: str, counts: collections.Counter[str], top: int,
          base: collections.Counter[str] | None) -> None:
     total = sum(counts.values())
+    if base is not None:  # functions by name and file (two of one name in a file: summed)
+        counts, base = _unlined_counts(counts), _unlined_counts(base)
     line = f"{label}: {total:,.0f} bytecodes an operation"
     if base is not None:
         base_total = sum(base.values())

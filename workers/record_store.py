@@ -748,14 +748,24 @@ class RecordStore:
             self._put_checked(pid, namespace, checked, record_bytes_sum)
 
     def put_groups(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]) -> None:
-        """``put_many`` over several partitions, each group's items flat (key, value, key,
-        value, ...): a batch of 100 keys spans about 80 partitions, a pair or so each. A
-        too-large record fails the whole batch unchanged."""
-        checked = [(pid, *self._checked(zip(items[0::2], items[1::2], strict=True)))
-                   for pid, items in groups]
+        """``put_many`` over several partitions, each group's items flat bytes (key, value,
+        key, value, ..., as a batch message decodes them): a batch of 100 keys spans about 80
+        partitions, a pair or so each, so a group is checked whole, not pair by pair, where
+        it can be (a group whose bytes together fit in a record holds no record too large).
+        A too-large record fails the whole batch unchanged."""
+        limit = self._max_record_bytes - header_bytes
+        checked = []
+        for pid, items in groups:
+            if not items:
+                continue
+            pairs = list(zip(items[0::2], items[1::2], strict=True))
+            size = sum(map(len, items))
+            if size > limit:
+                checked.append((pid, *self._checked(pairs)))
+            else:
+                checked.append((pid, pairs, size + header_bytes * len(pairs)))
         for pid, pairs, record_bytes_sum in checked:
-            if pairs:
-                self._put_checked(pid, namespace, pairs, record_bytes_sum)
+            self._put_checked(pid, namespace, pairs, record_bytes_sum)
 
     def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
                  ) -> tuple[list[tuple[bytes, bytes]], int]:

@@ -93,15 +93,19 @@ class _Entry:
         self.dirty = False
 
 
+_INT = frozenset((int,))
+
+
 def _check_vector(versions: Sequence[int]) -> Versions:
     vector = tuple(versions)
     if len(vector) != REPLICA_VERSION_COUNT:
         raise ReplicaVersionsError(
             f"a version vector has {REPLICA_VERSION_COUNT} entries, got {len(vector)}"
         )
-    for version in vector:  # every backup operation passes here: the class test is
-        if version.__class__ is not int or version < 0:  # cheaper, and refuses bool too
-            raise ReplicaVersionsError(f"versions are ints >= 0, got {vector!r}")
+    # Every backup operation passes here, once a partition: the checks run in C. The class
+    # test (not isinstance) refuses bool too.
+    if not _INT.issuperset(map(type, vector)) or min(vector) < 0:
+        raise ReplicaVersionsError(f"versions are ints >= 0, got {vector!r}")
     return vector
 
 
@@ -176,9 +180,13 @@ class ReplicaVersions:
         self, pid: int, namespace: Hashable, replica_index: int, versions: Sequence[int]
     ) -> BackupDecision:
         """On a backup at ``replica_index``: decide on a backup operation carrying ``versions``."""
-        _check_replica_index(replica_index)
+        if replica_index.__class__ is not int or not 1 <= replica_index <= REPLICA_VERSION_COUNT:
+            _check_replica_index(replica_index)  # raises
         vector = _check_vector(versions)
-        entry = self._entry(pid, namespace)
+        namespaces = self._partitions.get(pid)
+        entry = None if namespaces is None else namespaces.get(namespace)
+        if entry is None:
+            entry = self._entry(pid, namespace)
         known = entry.versions[replica_index - 1]
         carried = vector[replica_index - 1]
         if carried <= known:

@@ -119,8 +119,8 @@ class PartitionTable:
         return self._partition_count
 
     def _check_pid(self, pid: int) -> None:
-        # The class test (not isinstance) rejects bool too: every lookup of the member's
-        # write path passes here, several times a partition.
+        # The class test (not isinstance) rejects bool too. The lookups that every request
+        # makes, several times a partition, make this test inline and call here to raise.
         if pid.__class__ is not int or not 0 <= pid < self._partition_count:
             raise PartitionTableError(
                 f"partition id must be in 0..{len(self._rows) - 1}, got {pid!r}"
@@ -128,12 +128,14 @@ class PartitionTable:
 
     def replicas(self, pid: int) -> tuple[str | None, ...]:
         """The 7 replica slots of a partition (member id or None), owner first."""
-        self._check_pid(pid)
+        if pid.__class__ is not int or not 0 <= pid < self._partition_count:
+            self._check_pid(pid)  # raises
         return self._rows[pid]
 
     def owner(self, pid: int) -> str | None:
         """The owner (replica index 0) of a partition, or None if it has none."""
-        self._check_pid(pid)
+        if pid.__class__ is not int or not 0 <= pid < self._partition_count:
+            self._check_pid(pid)  # raises
         return self._rows[pid][0]
 
     def owners(self, pids: Iterable[int]) -> list[str | None]:
@@ -149,7 +151,8 @@ class PartitionTable:
 
     def version(self, pid: int) -> int:
         """The partition version: raised by one for every replica slot change."""
-        self._check_pid(pid)
+        if pid.__class__ is not int or not 0 <= pid < self._partition_count:
+            self._check_pid(pid)  # raises
         return self._versions[pid]
 
     def versions(self) -> tuple[int, ...]:
@@ -162,7 +165,8 @@ class PartitionTable:
 
     def replica_index(self, pid: int, member: str | None) -> int:
         """The replica index ``member`` holds in partition ``pid``, or -1 if none."""
-        self._check_pid(pid)
+        if pid.__class__ is not int or not 0 <= pid < self._partition_count:
+            self._check_pid(pid)  # raises
         if member is None:
             return -1
         row = self._rows[pid]

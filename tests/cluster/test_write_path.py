@@ -292,3 +292,55 @@ def test_a_promoted_backup_brings_the_other_backups_up_to_date_before_it_answers
     assert probe.answer(resend)[0]["ok"]
     # At the moment the answer leaves, the other backup holds the write.
     assert second.store.get(pid, "m", serialize_key(key)) == serialize_value(5)
+
+
+
+# Malformed variants of a good backup part [pid, versions, count, table version, invocation
+# id, want old value, target versions].
+BAD_PARTS = [
+    lambda good: "not a list",
+    lambda good: good[:6],
+    lambda good: [True, *good[1:]],
+    lambda good: [-1, *good[1:]],
+    lambda good: [31, *good[1:]],  # the simulated clusters have 31 partitions
+    lambda good: [str(good[0]), *good[1:]],
+    lambda good: [good[0], good[1][:5], *good[2:]],
+    lambda good: [good[0], "versions", *good[2:]],
+    lambda good: [*good[:6], [*good[1], 0]],
+    lambda good: [*good[:2], -1, *good[3:]],
+    lambda good: [*good[:2], True, *good[3:]],
+    lambda good: [*good[:2], "2", *good[3:]],
+    lambda good: [*good[:3], "1", *good[4:]],
+    lambda good: [*good[:4], 5, *good[5:]],
+]
+
+
+@pytest.mark.parametrize("bad", BAD_PARTS, ids=range(len(BAD_PARTS)))
+def test_a_backup_with_a_malformed_part_is_refused_whole(make_cluster, bad):
+    """Every part of a backup operation is checked before any is applied (the checks are
+    made inline, for speed: each must still refuse, and the good part before it must not
+    have been applied)."""
+    net = make_cluster(seed=7, nodes=2)
+    owner, backup = net.alive()
+    table = backup.cluster.table
+    pid = next(pid for pid in range(table.partition_count)
+               if table.owner(pid) == owner.info.uuid)
+    versions = list(backup.maps.versions.get(pid, "m"))
+    versions[0] += 1
+    good = [pid, versions, 4, table.version(pid), None, False, None]  # 4 items
+    probe = Probe(net)
+    frames = [p.pack_items([b"k", b"v", b"k2", b"v2"])]
+    fields = {"ns": "m", "kind": "put", "from": owner.info.uuid, "seq": None,
+              p.SECRET_FIELD: net.config.cluster_secret}
+    both = [p.pack_items([b"k", b"v", b"k2", b"v2"] * 2)]  # the items of both parts
+    bad_rid = probe.send(backup, p.BACKUP, both, parts=[good, bad(good)], **fields)
+    net.run_until(net.time + 0.5)
+    header, _ = probe.answer(bad_rid)
+    assert header["ok"] is False and header["code"] == p.PROTOCOL, header
+    assert backup.store.get(pid, "m", b"k") is None
+    assert list(backup.maps.versions.get(pid, "m")) == [versions[0] - 1, *versions[1:]]
+    good_rid = probe.send(backup, p.BACKUP, frames, parts=[good], **fields)
+    net.run_until(net.time + 0.5)
+    header, _ = probe.answer(good_rid)
+    assert header["ok"] is True and not header.get("refused"), header
+    assert backup.store.get(pid, "m", b"k") == b"v"

@@ -208,6 +208,18 @@ def test_too_large_record_changes_nothing(make_store, shm_prefix: str) -> None:
     store._check()
 
 
+
+def test_a_group_larger_than_a_record_whose_records_fit_is_written(make_store) -> None:
+    """put_groups checks a group whole where its bytes together fit in one record; a larger
+    group is checked pair by pair, and its records that fit are written."""
+    limit = 1000
+    store = make_store(initial_segment_bytes=4096, max_record_bytes=limit)
+    fits = b"v" * (limit - header_bytes - 1)  # with its 1-byte key: exactly at the limit
+    store.put_groups(NS, [(1, [b"a", fits, b"b", fits, b"c", fits]), (2, [b"d", b"1"])])
+    assert [store.get(1, NS, key) for key in (b"a", b"b", b"c")] == [fits] * 3
+    assert store.get(2, NS, b"d") == b"1"
+    store._check()
+
 # -- growth and compaction --------------------------------------------------------------------
 
 

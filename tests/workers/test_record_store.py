@@ -546,6 +546,17 @@ class StoreMachine(RuleBasedStateMachine):
             assert self.store.put(pid, namespace, key, value) == old
             fragment[key] = value
 
+    @rule(namespace=namespaces,
+          groups=st.dictionaries(pids, st.lists(keys_small, max_size=5), max_size=4))
+    def found_in(self, namespace: str, groups: dict[int, list[bytes]]) -> None:
+        expected = []
+        for pid, keys in groups.items():
+            fragment = self.model.get((pid, namespace), {})
+            for key in keys:
+                if key in fragment:
+                    expected += [key, fragment[key]]
+        assert self.store.found_in(namespace, groups, list(groups)) == expected
+
     @rule(pid=pids, namespace=namespaces, key=keys_small)
     def get(self, pid: int, namespace: str, key: bytes) -> None:
         expected = self.model.get((pid, namespace), {}).get(key)

@@ -12,10 +12,13 @@ depend on timing), so repeated counts agree within a percent or two: the timer t
 many messages one wake-up finds still vary a little.
 
 A rate on a small shared machine drifts 20–40% from one minute to the next; these counts do
-not, so they show a change of a few percent that timing cannot. They are not a time: a
-bytecode that calls or allocates costs more than one that adds. ``tools/bench_ab.py
---instructions`` counts the client's machine instructions instead. ``--base`` needs a revision
-that has this tool's member hook.
+not, so they say where the work is and whether a change removed some. They are not a time: a
+bytecode that calls or allocates costs more than one that adds, and a check moved into C
+calls (``set(map(type, v))``, ``min(v)``) can run fewer bytecodes and still take longer than
+the loop it replaced. Time a changed function against its old self in one process (timeit,
+alternating) before taking fewer bytecodes for a gain. ``tools/bench_ab.py --instructions``
+counts the client's machine instructions instead. ``--base`` needs a revision that has this
+tool's member hook.
 """
 
 from __future__ import annotations

@@ -62,9 +62,10 @@ class GridConfig:
     # have lately come that fast (a wake-up costs more than a fast reply: see
     # grid/client/busy_poll.py). 0: always sleep until the reply comes.
     client_busy_poll_us: int = 250
-    # Microseconds a member goes on polling without sleeping after it handled messages: the
-    # next request, or a backup's acknowledgement, usually comes sooner than a sleeping
-    # member wakes up. It yields its core meanwhile to whoever else wants it. 0: no spin.
+    # Microseconds, from the start of a round of messages, until which a member goes on
+    # polling without sleeping (a round that takes longer is followed by no spin): the next
+    # request, or a backup's acknowledgement, often comes sooner than a sleeping member
+    # wakes up. It yields its core meanwhile to whoever else wants it. 0: no spin.
     member_busy_poll_us: int = 100
     # What the data path's links run on (grid/link.py): "unix", a Unix socket in Linux's
     # abstract namespace, a third of TCP's kernel time a message (TCP on other platforms);

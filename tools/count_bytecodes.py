@@ -89,6 +89,9 @@ try:
         deadline = time.monotonic() + 30
         while not all(f.exists() for f in files) and time.monotonic() < deadline:
             time.sleep(0.1)
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise SystemExit(f"members wrote no counts: {missing}")
         members = collections.Counter()
         for f in files:
             members.update(read_counts(f))

@@ -294,7 +294,6 @@ def test_a_promoted_backup_brings_the_other_backups_up_to_date_before_it_answers
     assert second.store.get(pid, "m", serialize_key(key)) == serialize_value(5)
 
 
-
 # Malformed variants of a good backup part [pid, versions, count, table version, invocation
 # id, want old value, target versions].
 BAD_PARTS = [

@@ -208,7 +208,6 @@ def test_too_large_record_changes_nothing(make_store, shm_prefix: str) -> None:
     store._check()
 
 
-
 def test_a_group_larger_than_a_record_whose_records_fit_is_written(make_store) -> None:
     """put_groups checks a group whole where its bytes together fit in one record; a larger
     group is checked pair by pair, and its records that fit are written."""
@@ -219,6 +218,7 @@ def test_a_group_larger_than_a_record_whose_records_fit_is_written(make_store) -
     assert [store.get(1, NS, key) for key in (b"a", b"b", b"c")] == [fits] * 3
     assert store.get(2, NS, b"d") == b"1"
     store._check()
+
 
 # -- growth and compaction --------------------------------------------------------------------
 

@@ -416,9 +416,9 @@ class MapService:
         partition_count = self.config.partition_count
         groups, at = {}, 0
         for pid, count in zip(pids, counts, strict=True):
-            if not isinstance(count, int) or count < 0:
+            if count.__class__ is not int or count < 0:  # (class tests: a bool is no count)
                 raise ProtocolError("counts must be non-negative ints")
-            if not isinstance(pid, int) or not 0 <= pid < partition_count:
+            if pid.__class__ is not int or not 0 <= pid < partition_count:
                 self.check_pid(pid)  # raises
             end = at + count * per_entry
             groups[pid] = items[at:end]

@@ -47,6 +47,8 @@ GARBAGE = [
     [_header(op="get_all", id=23, ns="m", pids=[0], counts=[2]), msgpack.packb([b"k"])],
     [_header(op="put_all", id=24, ns="m", pids=[1, 0], counts=[1, 1]),
      msgpack.packb([b"k", b"v"])],
+    [_header(op="get_all", id=25, ns="m", pids=[True], counts=[1]), msgpack.packb([b"k"])],
+    [_header(op="get_all", id=26, ns="m", pids=[0], counts=[True]), msgpack.packb([b"k"])],
 ]
 
 

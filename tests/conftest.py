@@ -71,6 +71,23 @@ def leaked_resources() -> tuple[list[str], list[str]]:
     return procs, segments
 
 
+ROOT = Path(__file__).resolve().parent.parent
+# What the processes a test starts import (supervisors, members, the CLI, clients, tools).
+COMPILED = ("grid", "workers", "persistence", "pyspark_shmgrid", "tools", "tests")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Write the project's bytecode once, before any test starts a process. The suite starts
+    hundreds of Python processes; where PYTHONDONTWRITEBYTECODE is set (as on the machines
+    shmgrid is built on), each would compile the project's modules again, about 0.3 s a
+    process (the integration tests ran 1.3x as long). Python checks a cached file against
+    its source at import, so a stale one is never used."""
+    import compileall
+
+    for package in COMPILED:
+        compileall.compile_dir(ROOT / package, quiet=1)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Give supervisors that are stopping a moment to finish their own clean-up.
     deadline = time.monotonic() + 5

@@ -1,17 +1,31 @@
 """Operation benchmark: ops/s and p50/p99 latency of put, get, put_all and get_all.
 
 With ``--clients N`` the operations run in N client processes at once (each its own
-connection), and the table gives their combined rate and the latencies of all calls.
+connection), and the table gives their combined rate and the latencies of all calls. For a
+cluster found by name, it also gives the CPU time the member processes spent per entry while
+each operation ran (their spins for a next message included): the cost a faster member loop
+cuts, which a rate shows only once the cores are busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from typing import Any
 
+import psutil
+
 BATCH = 100
+OPERATIONS = ("put", "get", f"put_all ({BATCH})", f"get_all ({BATCH})")
+PAUSE_S = 0.5  # between one operation's window and the next
+
+
+def _window(start_at: float, seconds: float, number: int) -> tuple[float, float]:
+    """When operation ``number`` runs, in every client at once."""
+    begin = start_at + number * (seconds + PAUSE_S)
+    return begin, begin + seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,25 +55,75 @@ def _client_run(address: str | None, cluster_name: str | None, map_name: str, ke
     with grid.connect(address, cluster_name=cluster_name) as client:
         m = client.get_map(map_name)
         operations = [
-            ("put", 1, len(keys), lambda i: m.put(keys[i], value)),
-            ("get", 1, len(keys), lambda i: m.get(keys[i])),
-            (f"put_all ({BATCH})", BATCH, len(batches),
-             lambda i: m.put_all({k: value for k in batches[i]})),
-            (f"get_all ({BATCH})", BATCH, len(batches), lambda i: m.get_all(batches[i])),
+            (1, len(keys), lambda i: m.put(keys[i], value)),
+            (1, len(keys), lambda i: m.get(keys[i])),
+            (BATCH, len(batches), lambda i: m.put_all({k: value for k in batches[i]})),
+            (BATCH, len(batches), lambda i: m.get_all(batches[i])),
         ]
-        for number, (name, per_call, count, fn) in enumerate(operations):
-            # Every client starts each operation at the same moment.
-            begin = start_at + number * (seconds + 0.5)
+        for number, (name, (per_call, count, fn)) in enumerate(
+                zip(OPERATIONS, operations, strict=True)):
+            begin, end = _window(start_at, seconds, number)
             time.sleep(max(0.0, begin - time.time()))
             latencies = []
             i = 0
-            while time.time() - begin < seconds:
+            while time.time() < end:
                 t0 = time.perf_counter()
                 fn(i % count)
                 latencies.append(time.perf_counter() - t0)
                 i += 1
             results.append((name, i * per_call, latencies))
     return results
+
+
+def _member_processes(args: argparse.Namespace) -> list[psutil.Process]:
+    """The cluster's member processes, from its registry; none for ``--address`` (a member
+    that may be on another host)."""
+    from grid.client.registry import is_registered_process, read_registry, registry_path
+    from grid.config import GridConfig
+    from grid.errors import ClusterNotRunningError
+
+    if args.address:
+        return []
+    config = GridConfig.load()
+    try:
+        data = read_registry(registry_path(args.cluster_name or config.cluster_name,
+                                           config.registry_dir))
+    except ClusterNotRunningError:
+        return []
+    processes = []
+    for entry in data["members"]:
+        if is_registered_process(entry):
+            try:
+                processes.append(psutil.Process(entry["pid"]))
+            except psutil.Error:
+                continue
+    return processes
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float | None:
+    """User and system CPU of all ``processes`` so far; None if one of them is gone."""
+    try:
+        return sum(sum(p.cpu_times()[:2]) for p in processes)
+    except psutil.Error:
+        return None
+
+
+class _CpuWindows(threading.Thread):
+    """Samples the members' CPU at the start and end of each operation's window (the
+    clients start every operation at the same moment), in a thread beside the clients."""
+
+    def __init__(self, processes: list[psutil.Process], windows: list[tuple[float, float]]):
+        super().__init__(daemon=True)
+        self.processes, self.windows = processes, windows
+        self.spent: list[float | None] = []
+
+    def run(self) -> None:
+        for begin, end in self.windows:
+            time.sleep(max(0.0, begin - time.time()))
+            before = _cpu_seconds(self.processes)
+            time.sleep(max(0.0, end - time.time()))
+            after = _cpu_seconds(self.processes)
+            self.spent.append(None if before is None or after is None else after - before)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -75,6 +139,11 @@ def run_bench(args: argparse.Namespace) -> int:
         client.get_map(args.map).clear()
         members = len(client.cluster.members)
     start_at = time.time() + 1.0 + 0.2 * clients  # time for the processes to connect
+    processes = _member_processes(args)
+    sampler = _CpuWindows(processes, [_window(start_at, args.seconds, n)
+                                      for n in range(len(OPERATIONS))]) if processes else None
+    if sampler is not None:
+        sampler.start()
     run_args = [(args.address, args.cluster_name, args.map, keys[n::clients] or keys,
                  args.value_size, args.seconds, start_at) for n in range(clients)]
     if clients == 1:
@@ -82,23 +151,34 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         with multiprocess.get_context("spawn").Pool(clients) as pool:
             per_client = pool.starmap(_client_run, run_args)
+    if sampler is not None:
+        sampler.join()
     with grid.connect(args.address, cluster_name=args.cluster_name) as client:
         client.get_map(args.map).clear()
-    _print(per_client, members, args, clients, Console(), Table)
+    _print(per_client, members, args, clients, sampler.spent if sampler else None, Console(),
+           Table)
     return 0
 
 
 def _print(per_client: list[list[tuple[str, int, list]]], members: int,
-           args: argparse.Namespace, clients: int, console: Any, table_class: Any) -> None:
+           args: argparse.Namespace, clients: int, member_cpu: list[float | None] | None,
+           console: Any, table_class: Any) -> None:
     table = table_class(title=f"{members} members, {clients} client process"
                         f"{'es' if clients > 1 else ''}, {args.keys} keys, "
                         f"{args.value_size}-byte values")
-    for col in ("operation", "entries/s", "p50 ms", "p99 ms", "calls"):
+    columns = ["operation", "entries/s", "p50 ms", "p99 ms", "calls"]
+    if member_cpu is not None:
+        columns.append("member CPU µs/entry")
+    for col in columns:
         table.add_column(col, justify="left" if col == "operation" else "right")
     for index, (name, _, _) in enumerate(per_client[0]):
         entries = sum(run[index][1] for run in per_client)
         latencies = sorted(lat for run in per_client for lat in run[index][2])
-        table.add_row(name, f"{entries / args.seconds:,.0f}",
-                      f"{_percentile(latencies, 0.5) * 1e3:.3f}",
-                      f"{_percentile(latencies, 0.99) * 1e3:.3f}", str(len(latencies)))
+        row = [name, f"{entries / args.seconds:,.0f}",
+               f"{_percentile(latencies, 0.5) * 1e3:.3f}",
+               f"{_percentile(latencies, 0.99) * 1e3:.3f}", str(len(latencies))]
+        if member_cpu is not None:
+            spent = member_cpu[index]
+            row.append("-" if spent is None or not entries else f"{spent / entries * 1e6:,.1f}")
+        table.add_row(*row)
     console.print(table)

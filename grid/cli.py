@@ -790,7 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("member", help="member name (member-1) or uuid prefix")
     sp.set_defaults(func=cmd_restart_member)
 
-    sp = sub.add_parser("bench", help="measure put/get/put_all/get_all against a cluster")
+    sp = sub.add_parser(
+        "bench", help="measure put/get/put_all/get_all against a cluster",
+        description="Rates and p50/p99 latencies of put, get, put_all and get_all, and, for a "
+                    "cluster found by name, the members' CPU time per entry while each ran.")
     common(sp)
     from grid.bench import add_arguments
 

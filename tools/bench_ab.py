@@ -5,8 +5,9 @@
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
-code), and prints the mean of each operation's entries/s per tree and their ratio. Alternating
-spreads drift in the machine's speed over both sides.
+code), and prints the mean of each operation's entries/s per tree and their ratio, and the
+members' CPU per entry and its ratio where both trees' bench gives it. Alternating spreads
+drift in the machine's speed over both sides.
 
 On a small shared virtual machine that drift can still be 20% from one minute to the next.
 ``--instructions OP`` counts instead what does not drift: the instructions the client process
@@ -31,7 +32,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│")
+# operation, entries/s, p50 ms, p99 ms, calls, and the members' CPU µs per entry (newer trees)
+ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│"
+                 r"\s*\d+\s*│(?:\s*([\d,.]+)\s*│)?")
 INSTRUCTION_OPS = ("get", "put", "get_all", "put_all")
 # A client doing $AB_OPS operations of $AB_OP on cluster $AB_CLUSTER's map "ab" (20,000 keys,
 # 100-byte values, batches of 100), after 20 that open its links.
@@ -65,8 +68,10 @@ def shmgrid(tree: Path, name: str, *args: str) -> str:
     return done.stdout
 
 
-def run_once(tree: Path, seconds: float, clients: int) -> dict[str, tuple[float, float]]:
-    """One bench against a new cluster run by ``tree``'s code: op -> (entries/s, p50 ms)."""
+def run_once(tree: Path, seconds: float, clients: int
+             ) -> dict[str, tuple[float, float, float | None]]:
+    """One bench against a new cluster run by ``tree``'s code: op -> (entries/s, p50 ms,
+    members' CPU µs per entry or None)."""
     name = f"ab{uuid.uuid4().hex[:8]}"
     shmgrid(tree, name, "start", "--detach")
     try:
@@ -74,7 +79,8 @@ def run_once(tree: Path, seconds: float, clients: int) -> dict[str, tuple[float,
                       str(clients))
     finally:
         shmgrid(tree, name, "stop")
-    return {m[1]: (float(m[2].replace(",", "")), float(m[3])) for m in ROW.finditer(out)}
+    return {m[1]: (float(m[2].replace(",", "")), float(m[3]),
+                   float(m[5].replace(",", "")) if m[5] else None) for m in ROW.finditer(out)}
 
 
 def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
@@ -154,12 +160,21 @@ def main() -> int:
         base_rate = statistics.mean(r[op][0] for r in runs["base"] if op in r)
         tree_rate = statistics.mean(r[op][0] for r in runs["tree"])
         result[op] = {"base": base_rate, "tree": tree_rate, "ratio": tree_rate / base_rate}
+        cpu = {label: [r[op][2] for r in runs[label] if op in r] for label in runs}
+        if all(cpu.values()) and None not in cpu["base"] + cpu["tree"]:
+            base_cpu, tree_cpu = statistics.mean(cpu["base"]), statistics.mean(cpu["tree"])
+            result[op]["member_cpu_us"] = {"base": base_cpu, "tree": tree_cpu,
+                                           "ratio": tree_cpu / base_cpu}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{'operation':<16}{args.revision + ' /s':>16}{'tree /s':>14}{'ratio':>8}")
+    print(f"{'operation':<16}{args.revision + ' /s':>16}{'tree /s':>14}{'ratio':>8}"
+          f"{'member CPU µs/entry':>28}{'ratio':>8}")
     for op, r in result.items():
-        print(f"{op:<16}{r['base']:>16,.0f}{r['tree']:>14,.0f}{r['ratio']:>7.2f}x")
+        cpu = r.get("member_cpu_us")
+        print(f"{op:<16}{r['base']:>16,.0f}{r['tree']:>14,.0f}{r['ratio']:>7.2f}x"
+              + (f"{cpu['base']:>15,.1f} -> {cpu['tree']:>9,.1f}{cpu['ratio']:>7.2f}x"
+                 if cpu else f"{'-':>28}"))
     return 0
 
 

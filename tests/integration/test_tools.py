@@ -12,5 +12,11 @@ def test_bench_prints_every_operation(grid_cluster, clients):
     for op in ("put", "get", "put_all (100)", "get_all (100)", "entries/s", "p99 ms"):
         assert op in out
     assert f"{clients} client process" in out
+    # The members' CPU per entry while each operation ran (found through the registry).
+    assert "member CPU µs/entry" in out, out
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()
+            if line.startswith("│")]
+    assert [row[0] for row in rows] == ["put", "get", "put_all (100)", "get_all (100)"], out
+    assert all(float(row[-1].replace(",", "")) > 0 for row in rows), out
     with grid_cluster.connect() as client:
         assert client.get_map(f"bench{clients}").size() == 0, "the bench cleans up its map"

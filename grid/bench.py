@@ -78,16 +78,14 @@ def _client_run(address: str | None, cluster_name: str | None, map_name: str, ke
 def _member_processes(args: argparse.Namespace) -> list[psutil.Process]:
     """The cluster's member processes, from its registry; none for ``--address`` (a member
     that may be on another host)."""
-    from grid.client.registry import is_registered_process, read_registry, registry_path
+    from grid.client.registry import is_registered_process, read_registry
     from grid.config import GridConfig
     from grid.errors import ClusterNotRunningError
 
     if args.address:
         return []
-    config = GridConfig.load()
-    try:
-        data = read_registry(registry_path(args.cluster_name or config.cluster_name,
-                                           config.registry_dir))
+    try:  # (the file grid.connect reads)
+        data = read_registry(GridConfig.load(cluster_name=args.cluster_name).registry_path())
     except ClusterNotRunningError:
         return []
     processes = []

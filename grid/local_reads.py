@@ -48,11 +48,12 @@ import mmap
 import os
 import struct
 from array import array
+from collections.abc import Iterable
 
 import mmh3
 
 __all__ = ["DIRECTORY_MAGIC", "HEADER", "INDEX_ENTRY", "INDEX_HEADER", "NAME_BYTES", "RETRY",
-           "SLOT", "directory_bytes", "directory_name", "key_hash", "map_segment",
+           "SLOT", "directory_bytes", "directory_name", "key_hash", "key_hashes", "map_segment",
            "names_offset", "namespace_name", "probe", "records", "segment_name",
            "segment_prefix", "served_offset"]
 
@@ -80,6 +81,11 @@ assert HEADER.size == 88
 def key_hash(key: bytes) -> int:
     """The index hash of a key: MurmurHash3 x64 128 truncated to 64 bits (deterministic)."""
     return mmh3.hash128(key) & _HASH_MASK
+
+
+def key_hashes(keys: Iterable[bytes]) -> list[int]:
+    """``key_hash`` of each key, without a Python call per key (a batch of writes)."""
+    return list(map(_HASH_MASK.__and__, map(mmh3.hash128, keys)))
 
 
 def map_segment(name: str, writable: bool = False) -> mmap.mmap:

@@ -58,6 +58,15 @@ def bench_store(keys: list[bytes], value: bytes, prefix: str) -> dict[str, float
 
         rates["put (new keys)"] = best_rate(n, put_new, lambda: store.drop_partition(pid))
         rates["put (overwrite, same size)"] = best_rate(n, put_new, fill)
+        # As a member applies a batch (put_all, a Spark write): flat key, value, key, ...
+        groups = [(pid, [item for key in batch for item in (key, value)]) for batch in batches]
+
+        def put_groups() -> None:
+            store.put_groups(namespace, groups)
+
+        rates["put_groups (new keys)"] = best_rate(n, put_groups,
+                                                   lambda: store.drop_partition(pid))
+        rates["put_groups (overwrite, same size)"] = best_rate(n, put_groups, fill)
         value_other = value + b"x"
 
         def put_grow() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from grid.local_reads import (
     DIRECTORY_MAGIC,
@@ -82,7 +82,14 @@ class SharedIndex:
         table = array("Q", bytes(16 * capacity))
         mask = capacity - 1
         for h, entry in entries.items():
-            for offset in (entry,) if entry.__class__ is int else entry:  # type: ignore[union-attr]
+            if entry.__class__ is int:  # (nearly always: a tuple only where hashes collide)
+                i = h & mask
+                while table[2 * i + 1]:
+                    i = (i + 1) & mask
+                table[2 * i] = h
+                table[2 * i + 1] = entry + 1
+                continue
+            for offset in entry:  # type: ignore[union-attr]
                 i = h & mask
                 while table[2 * i + 1]:
                     i = (i + 1) & mask
@@ -120,6 +127,25 @@ class SharedIndex:
             i = (i + 1) & mask
         INDEX_ENTRY.pack_into(mm, 16 + 16 * i, h, offset + 1)
         self.count += 1
+        _U64.pack_into(mm, 8, self.count)
+
+    def insert_many(self, hashes: Iterable[int], offsets: Iterable[int]) -> None:
+        """``insert`` of each (hash, offset), the caller having checked that they fit (a
+        batch of new keys): probed in a copy of the table, written back in one copy."""
+        mm, mask = self.mm, self.mask
+        start, end = INDEX_HEADER.size, INDEX_HEADER.size + INDEX_ENTRY.size * self.capacity
+        table = array("Q", mm[start:end])
+        added = 0
+        for h, offset in zip(hashes, offsets, strict=True):
+            i = h & mask
+            while table[2 * i + 1]:
+                i = (i + 1) & mask
+            table[2 * i] = h
+            table[2 * i + 1] = offset + 1
+            added += 1
+        with memoryview(table) as view:
+            mm[start:end] = view.cast("B")
+        self.count += added
         _U64.pack_into(mm, 8, self.count)
 
     def replace(self, h: int, old: int, new: int) -> None:
@@ -224,6 +250,15 @@ class SharedFragment:
             self.moved(fragment.segment, fragment.index, fragment.count)  # type: ignore[attr-defined]
         else:
             index.insert(h, new)  # type: ignore[union-attr]
+
+    def placed_new(self, fragment: object, hashes: list[int], offsets: list[int]) -> None:
+        """Inside begin/end: ``placed`` of a batch of new keys (already in the fragment's
+        dict and count), into the table or, when they would fill it, a larger one."""
+        index = self.index
+        if 2 * (index.count + len(hashes)) > index.capacity:  # type: ignore[union-attr]
+            self.moved(fragment.segment, fragment.index, fragment.count)  # type: ignore[attr-defined]
+        else:
+            index.insert_many(hashes, offsets)  # type: ignore[union-attr]
 
     def removed(self, h: int, offset: int) -> None:
         self.index.delete(h, offset)  # type: ignore[union-attr]

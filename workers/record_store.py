@@ -25,21 +25,26 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate, repeat
+from operator import add
 from typing import Any
 
-from grid.local_reads import RECORD_HEADER, key_hash
+from grid.local_reads import RECORD_HEADER, key_hash, key_hashes
 from grid.partition.merkle import DEPTH_MAX, DEPTH_MIN, MerkleTree, entry_hash, leaf_shift
 from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
-           "key_hash"]
+           "key_hash", "key_hashes"]
 
 _HEADER = RECORD_HEADER  # [u32 key_len][u32 value_len]: local readers parse it too
 header_bytes = _HEADER.size
 _unpack_header = _HEADER.unpack_from
 _pack_header = _HEADER.pack_into
+_header = _HEADER.pack
+# A batch of at least this many pairs tries the block append (``_Fragment.append_new``).
+BLOCK_APPEND_MIN = 8
 _HASH_MASK = (1 << 64) - 1
 HASH_SPACE = 1 << 64  # key hashes are below this: where a scan ends
 _NO_FRAGMENTS: dict[str, Any] = {}
@@ -233,13 +238,17 @@ class _Fragment:
             self.shared.placed(self, h, offset, top)
         return old
 
-    def put_many(self, pairs: list[tuple[bytes, bytes]], record_bytes_sum: int) -> None:
-        """Write every pair in order; room for all of them is made once, up front. New keys
-        and same-size overwrites are written inline (a batch's records are most of what a
-        put_all, a Spark write or a restore costs a member); anything else goes through
-        ``put``."""
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes],
+                 record_bytes_sum: int) -> None:
+        """Write every key and value in order; room for all of them is made once, up
+        front. A batch of new keys is appended as one block (``append_new``); otherwise new
+        keys and same-size overwrites are written inline (a batch's records are most of
+        what a put_all, a Spark write or a restore costs a member), and anything else goes
+        through ``put``."""
         if self.top + record_bytes_sum > self.capacity:
             self.make_room(record_bytes_sum)
+        if len(keys) >= BLOCK_APPEND_MIN and self.append_new(keys, values, record_bytes_sum):
+            return
         # Every put below appends at most its own record, so none of them compacts.
         capacity_before = self.capacity
         index = self.index
@@ -249,7 +258,7 @@ class _Fragment:
         in_place = self.segment.pin_count == 0  # else an iterator may be reading the value
         top, live_bytes, count = self.top, self.live_bytes, self.count
         try:
-            for key, value in pairs:
+            for key, value in zip(keys, values, strict=True):
                 key_size = len(key)
                 value_size = len(value)
                 h = key_hash(key)
@@ -288,6 +297,45 @@ class _Fragment:
             self.top, self.live_bytes, self.count = top, live_bytes, count
         if self.capacity != capacity_before or self.top > self.capacity:
             raise RecordStoreInvariantError("put_many outgrew the room it made")
+
+    def append_new(self, keys: Sequence[bytes], values: Sequence[bytes],
+                   record_bytes_sum: int) -> bool:
+        """Write a batch of keys that are all new to this fragment (and each once in the
+        batch) as one block: one copy into the arena and one index update, each record laid
+        out as ``put`` lays it, with no Python call per pair (a Spark write or a first
+        put_all into an empty map is all new keys). False, having written nothing, when
+        some key may be here already; the caller made room for ``record_bytes_sum`` (and,
+        for a published fragment, holds its seqlock: readers retry until the records and
+        their slots in the shared index are all written)."""
+        index = self.index
+        if key_hash(keys[0]) in index:  # a batch of overwrites: no need to hash them all
+            return False
+        hashes = key_hashes(keys)
+        if len(set(hashes)) != len(hashes) or not index.keys().isdisjoint(hashes):
+            return False
+        key_sizes, value_sizes = list(map(len, keys)), list(map(len, values))
+        parts: list[Any] = [None] * (3 * len(keys))
+        parts[0::3] = map(_header, key_sizes, value_sizes)
+        parts[1::3] = keys
+        parts[2::3] = values
+        top = self.top
+        starts = list(accumulate(map(add, map(add, key_sizes, value_sizes),
+                                     repeat(header_bytes)), initial=top))
+        size = starts.pop() - top
+        if size != record_bytes_sum or top + size > self.capacity:
+            raise RecordStoreInvariantError("a block append does not fit the room made for it")
+        self.mm[top : top + size] = b"".join(parts)
+        index.update(zip(hashes, starts, strict=True))
+        tree = self.tree
+        if tree is not None:
+            for h, key, value in zip(hashes, keys, values, strict=True):
+                tree.update(h, None, entry_hash(key, _as_bytes(value)))
+        self.top = top + size
+        self.live_bytes += size
+        self.count += len(keys)
+        if self.shared is not None:
+            self.shared.placed_new(self, hashes, starts)
+        return True
 
     def remove(self, key: bytes) -> bytes | None:
         """Drop key; return its value, or None when absent."""
@@ -745,7 +793,8 @@ class RecordStore:
         """Store every pair (later pairs win). A too-large record fails the batch unchanged."""
         checked, record_bytes_sum = self._checked(pairs)
         if checked:
-            self._put_checked(pid, namespace, checked, record_bytes_sum)
+            keys, values = zip(*checked, strict=True)
+            self._put_checked(pid, namespace, keys, values, record_bytes_sum)
 
     def put_groups(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]) -> None:
         """``put_many`` over several partitions, each group's items flat bytes (key, value,
@@ -758,14 +807,18 @@ class RecordStore:
         for pid, items in groups:
             if not items:
                 continue
-            pairs = list(zip(items[0::2], items[1::2], strict=True))
+            keys, values = items[0::2], items[1::2]
+            if len(keys) != len(values):
+                raise ValueError("a group's items are keys and values in turn")
             size = sum(map(len, items))
             if size > limit:
-                checked.append((pid, *self._checked(pairs)))
+                pairs, record_bytes_sum = self._checked(zip(keys, values, strict=True))
+                keys, values = zip(*pairs, strict=True)
+                checked.append((pid, keys, values, record_bytes_sum))
             else:
-                checked.append((pid, pairs, size + header_bytes * len(pairs)))
-        for pid, pairs, record_bytes_sum in checked:
-            self._put_checked(pid, namespace, pairs, record_bytes_sum)
+                checked.append((pid, keys, values, size + header_bytes * len(keys)))
+        for pid, keys, values, record_bytes_sum in checked:
+            self._put_checked(pid, namespace, keys, values, record_bytes_sum)
 
     def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
                  ) -> tuple[list[tuple[bytes, bytes]], int]:
@@ -786,18 +839,18 @@ class RecordStore:
             checked.append((key, value))
         return checked, record_bytes_sum
 
-    def _put_checked(self, pid: int, namespace: str, checked: list[tuple[bytes, bytes]],
-                     record_bytes_sum: int) -> None:
+    def _put_checked(self, pid: int, namespace: str, keys: Sequence[bytes],
+                     values: Sequence[bytes], record_bytes_sum: int) -> None:
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             fragment = self._new_fragment(pid, namespace, record_bytes_sum)
         if fragment.shared is None:
-            fragment.put_many(checked, record_bytes_sum)
+            fragment.put_many(keys, values, record_bytes_sum)
         else:
-            _changing(fragment, fragment.put_many, checked, record_bytes_sum)
+            _changing(fragment, fragment.put_many, keys, values, record_bytes_sum)
         if self.journal is not None:
-            self.journal.put_many(pid, namespace, checked)
+            self.journal.put_many(pid, namespace, zip(keys, values, strict=True))
 
     def get_many(self, pid: int, namespace: str, keys: Iterable[bytes]) -> list[bytes | None]:
         """The value (or None) of each key, in order."""

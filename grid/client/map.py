@@ -195,6 +195,13 @@ class Map:
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """Store many entries: one message per owning member and chunk."""
+        self.put_all_into(entries, None)
+
+    def put_all_into(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+                     partitions: set[int] | None) -> None:
+        """``put_all``, adding to ``partitions`` the id of every partition it writes (a
+        Spark overwrite's commit needs them; hashing every key a second time would cost its
+        writer a third more)."""
         pairs = entries.items() if isinstance(entries, Mapping) else entries
         count = self._partition_count
         limit = self._max_value_bytes
@@ -220,12 +227,15 @@ class Map:
             items.append(value_bytes)
             chunk_bytes += size
             if chunk_bytes >= BATCH_BYTES:
-                self._send_put_all(chunk)
+                self._send_put_all(chunk, partitions)
                 chunk, chunk_bytes = {}, 0
         if chunk:
-            self._send_put_all(chunk)
+            self._send_put_all(chunk, partitions)
 
-    def _send_put_all(self, items_by_pid: dict[int, list[bytes]]) -> None:
+    def _send_put_all(self, items_by_pid: dict[int, list[bytes]],
+                      partitions: set[int] | None) -> None:
+        if partitions is not None:
+            partitions.update(items_by_pid)
         iid = self._invoker.invocation_id()
 
         def build(group: list[int]) -> tuple[dict, list]:

@@ -453,16 +453,15 @@ class ShmgridWriter(DataSourceArrowWriter):
                         batch.schema.names, self.options.key_column, self.options.value_column
                     )
                 keys, values = batch_to_entries(batch, *columns)
-                if touched is not None:
-                    touched.update(map(client.partition_id, keys))
                 pending_keys.extend(keys)
                 pending_values.extend(values)
                 if len(pending_keys) >= self.options.batch_size:
-                    grid_map.put_all(zip(pending_keys, pending_values, strict=True))
+                    grid_map.put_all_into(zip(pending_keys, pending_values, strict=True),
+                                          touched)
                     row_count += len(pending_keys)
                     pending_keys, pending_values = [], []
             if pending_keys:
-                grid_map.put_all(zip(pending_keys, pending_values, strict=True))
+                grid_map.put_all_into(zip(pending_keys, pending_values, strict=True), touched)
                 row_count += len(pending_keys)
         except _reconnect_errors:
             drop_client(self.options)

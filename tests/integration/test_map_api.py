@@ -64,6 +64,10 @@ def test_batches_and_scans(client, request):
     assert all(len(k) == len(v) for k, v in batches)
     m.clear()
     assert m.size() == 0 and m.items() == []
+    written: set[int] = {3}  # added to, not replaced
+    m.put_all_into(((key, 1) for key in ["a", ("t", 1), 7, *data]), written)
+    assert written == {3} | {client.partition_id(k) for k in ["a", ("t", 1), 7, *data]}
+    assert m.size() == 5003
 
 
 def test_scans_come_in_bounded_chunks(client, request):

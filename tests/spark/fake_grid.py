@@ -80,9 +80,16 @@ class FakeMap:
             fragment.clear()
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        self.put_all_into(entries, None)
+
+    def put_all_into(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+                     partitions: set[int] | None) -> None:
         self._grid.calls.append(("put_all", self.name))
-        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        pairs = list(entries.items() if isinstance(entries, Mapping) else entries)
         encoded = [(self._locate(k), serialize_value(v)) for k, v in pairs]
+        if partitions is not None:
+            partitions.update(partition_id_of(serialize_key(k), self._grid.partition_count)
+                              for k, _ in pairs)
         for (fragment, key_bytes), value_bytes in encoded:
             fragment[key_bytes] = value_bytes
 

@@ -28,7 +28,7 @@ from tests.workers.test_record_store import (
 )
 from workers import record_store
 from workers.local_reads import LocalReadDirectory, SharedIndex, fence
-from workers.record_store import RecordStore
+from workers.record_store import BLOCK_APPEND_MIN, RecordStore
 from workers.shm import list_segments, remove_segments
 
 pytestmark = pytest.mark.timeout(120)
@@ -222,6 +222,28 @@ def test_a_scan_copies_no_more_than_its_limit(published) -> None:
     assert reader.scan("m", 1, UUID, member, max_bytes=0) is MISS
     assert (reader.hits, reader.misses) == (hits, misses + 2)
     assert reader.scan("m", 2, UUID, member, max_bytes=0) == (b"", 0)  # nothing to copy
+
+
+def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) -> None:
+    """A batch of new keys into a published fragment (the block append) builds a larger
+    shared index when the table would fill, and is inserted into it in one copy while it
+    has room."""
+    store, reader, member = published
+    fragment = store._partitions[1]["m"]
+    capacity = fragment.shared.index.capacity
+    first = {b"first%d" % i: b"f" * i for i in range(capacity)}
+    store.put_many(1, "m", first.items())
+    capacity = fragment.shared.index.capacity
+    assert capacity >= 2 * (fragment.count + 1)  # built again, larger
+    room = capacity // 2 - fragment.count  # new keys the table takes as it is
+    assert room >= BLOCK_APPEND_MIN
+    second = {b"second%d" % i: b"s" * i for i in range(room)}
+    store.put_many(1, "m", second.items())
+    assert fragment.shared.index.capacity == capacity  # inserted into the same table
+    store._check()  # every shared index holds what its fragment's dict holds
+    store.settle(1, "m")
+    wanted = {b"k": b"v", **first, **second}
+    assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
 
 
 def test_a_batch_of_reads_is_refused_key_by_key_as_single_reads_are(published) -> None:

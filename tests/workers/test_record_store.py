@@ -18,8 +18,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tests.workers.conftest import unique_prefix
-from workers import record_store
+from tests.workers.conftest import replace_key_hash, unique_prefix
 from workers.record_store import (
     RecordStore,
     RecordStoreClosedError,
@@ -127,9 +126,9 @@ def test_non_bytes_keys_values_and_ids_are_refused_without_a_segment(
     assert store.partitions() == []
 
 
-def test_the_heap_holds_no_key_or_value_bytes(make_store, monkeypatch) -> None:
+def test_the_heap_holds_no_key_or_value_bytes(make_store, key_hash_replaced) -> None:
     """Walk everything the store references: indexes hold ints, segments hold the bytes."""
-    monkeypatch.setattr(record_store, "key_hash", lambda key: len(key) % 3)  # tuple entries too
+    key_hash_replaced(lambda key: len(key) % 3)  # tuple entries too
     store = make_store(initial_segment_bytes=4096)
     for pid in range(3):
         store.put_many(pid, NS, [(b"key-%d" % i, b"value-%d" % i) for i in range(300)])
@@ -220,6 +219,36 @@ def test_a_group_larger_than_a_record_whose_records_fit_is_written(make_store) -
     store._check()
 
 
+def test_a_batch_of_new_keys_is_one_block_laid_out_as_single_puts_lay_it(make_store) -> None:
+    """The block append (``_Fragment.append_new``) writes the records, offsets and counts
+    that a put per pair writes; a batch in which some key is present already, or a key comes
+    twice, is left to the pair-by-pair path (later pairs win), and the block writes nothing."""
+    block, single = make_store(merkle_depth=6), make_store(merkle_depth=6)
+    for store in (block, single):
+        store.put(1, NS, b"old", b"o")
+        store.tree(1, NS)  # the kept tree follows both paths
+    pairs = [(b"key-%d" % i, b"value" * (i % 4)) for i in range(40)]
+    fragment = block._partitions[1][NS]
+    assert fragment.append_new([k for k, _ in pairs], [v for _, v in pairs],
+                               sum(header_bytes + len(k) + len(v) for k, v in pairs))
+    for key, value in pairs:
+        single.put(1, NS, key, value)
+    assert block.concatenated(1, NS) == single.concatenated(1, NS)
+    assert fragment.index == single._partitions[1][NS].index
+    assert block.tree(1, NS).nodes == single.tree(1, NS).nodes
+    top = fragment.top
+    assert not fragment.append_new([b"new", b"key-3"], [b"1", b"2"], 2 * header_bytes + 10)
+    assert not fragment.append_new([b"twice", b"twice"], [b"1", b"2"], 2 * header_bytes + 12)
+    assert fragment.top == top
+    batch = [(b"fresh-%d" % i, b"f") for i in range(10)] + [(b"key-3", b"again"),
+                                                            (b"fresh-0", b"later")]
+    block.put_many(1, NS, batch)
+    assert block.get(1, NS, b"key-3") == b"again" and block.get(1, NS, b"fresh-0") == b"later"
+    assert block.size(1, NS) == 1 + 40 + 10
+    block._check()
+    single._check()
+
+
 # -- growth and compaction --------------------------------------------------------------------
 
 
@@ -287,8 +316,8 @@ def test_removing_everything_reuses_the_arena(make_store, shm_prefix: str) -> No
 # -- collisions -------------------------------------------------------------------------------
 
 
-def test_colliding_hashes_are_told_apart_by_the_key_bytes(make_store, monkeypatch) -> None:
-    monkeypatch.setattr(record_store, "key_hash", lambda key: 42)
+def test_colliding_hashes_are_told_apart_by_the_key_bytes(make_store, key_hash_replaced) -> None:
+    key_hash_replaced(lambda key: 42)
     store = make_store(initial_segment_bytes=4096)
     model = {b"c%d" % i: b"v%d" % i * (i % 7) for i in range(200)}
     for key, value in model.items():
@@ -489,9 +518,8 @@ class StoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.prefix = unique_prefix()
-        self.hash_original = record_store.key_hash
-        if self.hash_override is not None:
-            record_store.key_hash = self.hash_override
+        self.restore_hash = replace_key_hash(self.hash_override) \
+            if self.hash_override is not None else None
         self.store = RecordStore(self.prefix, initial_segment_bytes=256, max_record_bytes=400)
         self.peer_prefix = unique_prefix()
         self.peer = RecordStore(self.peer_prefix, initial_segment_bytes=256)
@@ -653,7 +681,8 @@ class StoreMachine(RuleBasedStateMachine):
         finally:
             remove_segments(self.prefix)
             remove_segments(self.peer_prefix)
-            record_store.key_hash = self.hash_original
+            if self.restore_hash is not None:
+                self.restore_hash()
 
 
 class CollidingStoreMachine(StoreMachine):

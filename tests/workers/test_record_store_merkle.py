@@ -66,10 +66,10 @@ def peer_prefix() -> Iterator[str]:
 
 
 @pytest.fixture
-def colliding_hash(monkeypatch) -> None:
+def colliding_hash(key_hash_replaced) -> None:
     """An index hash with 16 values, one per leaf at depth 5: most keys collide."""
     real = record_store.key_hash
-    monkeypatch.setattr(record_store, "key_hash", lambda key: real(key) & (0xF << 60))
+    key_hash_replaced(lambda key: real(key) & (0xF << 60))
 
 
 def random_fragment(rng: random.Random, size: int, key_space: int = 400) -> dict[bytes, bytes]:
@@ -307,10 +307,10 @@ def test_a_received_fragment_drops_the_tree_and_the_next_is_right(
 
 @pytest.mark.parametrize(("depth", "collide"), [(1, False), (6, False), (12, False), (5, True)])
 def test_leaf_entries_are_exactly_the_entries_under_the_leaves(
-        make_store, monkeypatch, depth: int, collide: bool) -> None:
+        make_store, monkeypatch, key_hash_replaced, depth: int, collide: bool) -> None:
     if collide:
         real = record_store.key_hash
-        monkeypatch.setattr(record_store, "key_hash", lambda key: real(key) & (0xF << 60))
+        key_hash_replaced(lambda key: real(key) & (0xF << 60))
     rng = random.Random(depth)
     store = make_store(merkle_depth=depth)
     fragment = random_fragment(rng, 500, key_space=2000)

@@ -36,7 +36,7 @@ from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
-           "key_hash", "key_hashes"]
+           "key_hash"]
 
 _HEADER = RECORD_HEADER  # [u32 key_len][u32 value_len]: local readers parse it too
 header_bytes = _HEADER.size

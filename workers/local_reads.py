@@ -102,8 +102,9 @@ class SharedIndex:
             shared.mm[INDEX_HEADER.size:] = view.cast("B")
         return shared
 
-    def full(self) -> bool:
-        return 2 * (self.count + 1) > self.capacity
+    def full(self, adding: int = 1) -> bool:
+        """Whether ``adding`` more entries would leave the table more than half full."""
+        return 2 * (self.count + adding) > self.capacity
 
     def _find(self, h: int, offset: int) -> int:
         """The entry number holding (h, offset); it must be there."""
@@ -255,7 +256,7 @@ class SharedFragment:
         """Inside begin/end: ``placed`` of a batch of new keys (already in the fragment's
         dict and count), into the table or, when they would fill it, a larger one."""
         index = self.index
-        if 2 * (index.count + len(hashes)) > index.capacity:  # type: ignore[union-attr]
+        if index.full(len(hashes)):  # type: ignore[union-attr]
             self.moved(fragment.segment, fragment.index, fragment.count)  # type: ignore[attr-defined]
         else:
             index.insert_many(hashes, offsets)  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from grid import protocol as p
-from grid.client.registry import is_registered_process, read_registry, registry_path
+from grid.client.registry import is_registered_process, pid_alive, read_registry, registry_path
 from grid.config import SECRET_ENV, GridConfig
 from grid.errors import ClusterNotRunningError, GridError
 
@@ -26,6 +26,7 @@ DETACH_WAIT_S = 60.0
 DASHBOARD_WAIT_S = 30.0
 WAIT_POLL_S = 0.2
 STOP_WAIT_S = 20.0
+ORPHAN_EXIT_WAIT_S = 5.0  # how long `stop` waits for the members it killed to be gone
 
 
 def _config(args: argparse.Namespace) -> GridConfig:
@@ -241,6 +242,11 @@ def _cleanup_orphans(data: dict[str, Any], cluster_name: str) -> list[int]:
                 killed.append(m["pid"])
             except ProcessLookupError:
                 pass
+    # SIGKILL is delivered when a member next leaves the kernel: one inside shm_open makes
+    # its segment first. Unlinking before every member is gone could leave that segment.
+    deadline = time.monotonic() + ORPHAN_EXIT_WAIT_S
+    while any(pid_alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.01)
     remove_segments(f"shmgrid-{cluster_name}")
     return killed
 

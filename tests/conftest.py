@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for package in COMPILED:
         compileall.compile_dir(ROOT / package, quiet=1)
+
+
+def _segments_without_cluster() -> list[str]:
+    """This run's segments whose cluster has no registry file: no cluster, and no store a
+    test still holds (every test has closed its stores by its end), may own them."""
+    found = []
+    for path in SHM_DIR.glob(f"shmgrid-{RUN_PREFIX}*"):
+        cluster = path.name.removeprefix("shmgrid-").split("-", 1)[0]
+        if not (Path(_REGISTRY_DIR) / f"{cluster}.json").exists():
+            found.append(path.name)
+    return sorted(found)
+
+
+@pytest.fixture(autouse=True)
+def _no_segment_outlives_its_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Name the test after which a stopped cluster's (or a closed store's) segment is still
+    in /dev/shm, rather than only the run at its end. A second look a moment later lets a
+    member that is still exiting finish; what is left then is removed and fails the test."""
+    yield
+    leaked = _segments_without_cluster()
+    deadline = time.monotonic() + 2
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leaked = _segments_without_cluster()
+    for name in leaked:
+        (SHM_DIR / name).unlink(missing_ok=True)
+    assert not leaked, f"{request.node.nodeid} left segments of a stopped cluster or a " \
+                       f"closed store (or one stopped late before it): {leaked[:10]}"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -42,6 +42,7 @@ from grid.local_reads import (
     TOO_LARGE,
     VALID_UNTIL_OFFSET,
     directory_name,
+    fragment_copy,
     key_hash,
     map_segment,
     names_offset,
@@ -171,6 +172,14 @@ class LocalReader:
         same conditions as ``get``. Or MISS / UNPUBLISHED; MISS, too, when the keys and
         values take more than ``max_bytes`` (the owner sends such a partition in chunks)."""
         return self._read(namespace, pid, owner_uuid, owner_name, (b"", 0), records,
+                          max_bytes)
+
+    def copy_fragment(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,
+                      max_bytes: int | None = None) -> tuple[bytes, bytes] | None | Any:
+        """``scan`` for a reader that decodes in bulk: the fragment's index table and arena
+        as copied (grid/local_reads.py, ``fragment_copy``), None when there is no fragment;
+        MISS when the arena segment is larger than ``max_bytes``."""
+        return self._read(namespace, pid, owner_uuid, owner_name, None, fragment_copy,
                           max_bytes)
 
     def _read(self, namespace: str, pid: int, owner_uuid: str, owner_name: str,

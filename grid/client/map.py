@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mmh3
@@ -18,6 +19,7 @@ from grid import protocol as p
 from grid.client.invocation import Invoker
 from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
 from grid.errors import ValueTooLargeError
+from grid.local_reads import RETRY, records
 from grid.serialization import (
     INT32_MIN,
     decode_concatenated,
@@ -38,6 +40,32 @@ def _as_key(obj: Any) -> Any:
     if type(obj) is list:
         return tuple(_as_key(x) for x in obj)
     return obj
+
+
+def _split(flat: list) -> tuple[list, list]:
+    """Keys and values of a flat k1 v1 k2 v2 ... list of decoded records."""
+    keys = flat[0::2]
+    if list in set(map(type, keys)):  # tuple keys came back as lists
+        keys = [_as_key(k) for k in keys]
+    return keys, flat[1::2]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFragment:
+    """A partition's records copied from its owner's shared memory: the fragment's index
+    table and its arena segment, laid out as grid/local_reads.py says, for a reader that
+    decodes them in bulk; ``entries`` decodes them one by one."""
+
+    index: bytes
+    arena: bytes
+
+    def entries(self) -> tuple[list, list]:
+        """(keys, values), as ``Map.scan_partitions`` gives them."""
+        found = records(self.index, self.arena)
+        if found is RETRY:  # the copy was taken within the fragment's seqlock
+            raise ValueError("a fragment copy whose records do not fit its arena")
+        data, count = found  # type: ignore[misc]
+        return _split(decode_concatenated(data, 2 * count) if count else [])
 
 
 class Map:
@@ -134,16 +162,18 @@ class Map:
         return names
 
     def _local_read(self, pid: int, key_bytes: bytes | None,
-                    max_bytes: int | None = None) -> tuple[Any, bool]:
+                    max_bytes: int | None = None, copy: bool = False) -> tuple[Any, bool]:
         """A local get of ``key_bytes``, or with None a local scan of the partition of at
-        most ``max_bytes`` (see LocalReader), and whether to ask the owner to publish the
-        map."""
+        most ``max_bytes`` (see LocalReader; with ``copy`` its ``copy_fragment``), and
+        whether to ask the owner to publish the map."""
         owner = self._invoker.table.owner(pid)
         name = self._owner_names().get(owner) if owner is not None else None
         if name is None:
             return MISS, False
         local = self._local
-        if key_bytes is None:
+        if copy:
+            value = local.copy_fragment(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
+        elif key_bytes is None:
             value = local.scan(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
         else:
             value = local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
@@ -331,19 +361,44 @@ class Map:
         removed meanwhile may or may not be, and none is returned twice. A partition that
         moves mid-scan goes on at its new owner from the range where it stopped.
         """
+        keys: list = []
+        values: list = []
+        for flat in self._scan(partition_ids, chunk_bytes, copies=False):
+            batch_keys, batch_values = _split(flat)
+            keys.extend(batch_keys)
+            values.extend(batch_values)
+            if len(keys) >= batch_size:
+                yield keys, values
+                keys, values = [], []
+        if keys:
+            yield keys, values
+
+    def scan_fragments(self, partition_ids: Sequence[int],
+                       chunk_bytes: int = SCAN_CHUNK_BYTES
+                       ) -> Iterator[LocalFragment | tuple[list, list]]:
+        """``scan_partitions`` for a reader that decodes records in bulk (the Spark reader):
+        a partition read from its owner's shared memory comes as a LocalFragment, a copy of
+        its records as the owner lays them out; the others as (keys, values) of a reply.
+        Same guarantees as ``scan_partitions``."""
+        for part in self._scan(partition_ids, chunk_bytes, copies=True):
+            yield part if part.__class__ is LocalFragment else _split(part)
+
+    def _scan(self, partition_ids: Sequence[int], chunk_bytes: int, copies: bool
+              ) -> Iterator[Any]:
+        """The partitions' records: each reply's keys and values as one flat list (k1 v1 k2
+        v2 ...), and each partition read locally either so or, with ``copies``, as a
+        LocalFragment."""
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         pids = list(partition_ids)
-        keys: list = []
-        values: list = []
         if self._local is not None and self._invoker.table is None:
             self._invoker.refresh()
         for at in range(0, len(pids), SCAN_PARTITIONS_PER_REQUEST):
-            decoded: list[list] = []
+            decoded: list = []
             remote = pids[at:at + SCAN_PARTITIONS_PER_REQUEST]
             fields: dict[str, Any] = {"ns": self.name, "max_bytes": chunk_bytes}
             if self._local is not None:  # read what can be read from shared memory
-                remote, publish = self._scan_locally(remote, decoded, chunk_bytes)
+                remote, publish = self._scan_locally(remote, decoded, chunk_bytes, copies)
                 if publish:
                     fields["publish"] = True
             lows = dict.fromkeys(remote, 0)  # partition -> the key hash its next chunk is from
@@ -353,7 +408,7 @@ class Map:
                 return {**fields, "pids": group, "from": [lows[pid] for pid in group]}, []
 
             def handle(group: list[int], header: dict, frames: list[bytes],
-                       decoded: list[list] = decoded, lows: dict[int, int] = lows) -> None:
+                       decoded: list = decoded, lows: dict[int, int] = lows) -> None:
                 bounds = header.get("next") or [None] * len(frames)
                 for pid, frame, n, bound in zip(header.get("pids", group), frames,
                                                 header.get("counts", []), bounds, strict=False):
@@ -365,35 +420,27 @@ class Map:
                         lows[pid] = bound
 
             while True:
-                for flat in decoded:
-                    batch_keys = flat[0::2]
-                    if list in set(map(type, batch_keys)):  # tuple keys came back as lists
-                        batch_keys = [_as_key(k) for k in batch_keys]
-                    keys.extend(batch_keys)
-                    values.extend(flat[1::2])
-                    if len(keys) >= batch_size:
-                        yield keys, values
-                        keys, values = [], []
+                yield from decoded
                 decoded.clear()
                 if not lows:
                     break
                 self._invoker.invoke_partitions(p.ENTRIES, list(lows), build, handle)
-        if keys:
-            yield keys, values
 
-    def _scan_locally(self, pids: list[int], decoded: list[list], max_bytes: int
+    def _scan_locally(self, pids: list[int], decoded: list, max_bytes: int, copies: bool
                       ) -> tuple[list[int], bool]:
-        """Decode into ``decoded`` the partitions read from shared memory; return the ones
-        to ask their owners for (a partition larger than ``max_bytes`` too: its owner sends
-        it in chunks), and whether to ask them to publish the map."""
+        """Put into ``decoded`` the partitions read from shared memory (flat lists, or with
+        ``copies`` LocalFragments); return the ones to ask their owners for (a partition
+        larger than ``max_bytes`` too: its owner sends it in chunks), and whether to ask
+        them to publish the map."""
         remote, publish = [], False
         for pid in pids:
-            found, ask = self._local_read(pid, None, max_bytes)
+            found, ask = self._local_read(pid, None, max_bytes, copies)
             if found.__class__ is tuple:
-                data, count = found
-                if count:
-                    decoded.append(decode_concatenated(data, 2 * count))
-            else:
+                if copies:
+                    decoded.append(LocalFragment(*found))
+                elif found[1]:
+                    decoded.append(decode_concatenated(found[0], 2 * found[1]))
+            elif found is not None:  # (None: a copy of no fragment, an empty partition)
                 remote.append(pid)
                 publish = publish or ask
         return remote, publish

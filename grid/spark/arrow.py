@@ -9,11 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 
+from grid.client.map import LocalFragment
+from grid.local_reads import INDEX_HEADER, RECORD_HEADER
 from grid.spark.schema import ColumnLayout, to_text
 
-__all__ = ["build_batch", "batch_to_entries", "resolve_write_columns", "KeyColumnNullError"]
+__all__ = ["build_batch", "batch_to_entries", "bulk_columns", "fragment_columns",
+           "batch_of_columns", "resolve_write_columns", "KeyColumnNullError"]
+
+# The length of a msgpack header by the first byte of an item, 0 where the item is not of
+# the type: str (fixstr, str8, str16, str32) and bin (bin8, bin16, bin32).
+_STR_HEADER = np.zeros(256, np.int64)
+_STR_HEADER[0xA0:0xC0] = 1
+_STR_HEADER[[0xD9, 0xDA, 0xDB]] = [2, 3, 5]
+_BIN_HEADER = np.zeros(256, np.int64)
+_BIN_HEADER[[0xC4, 0xC5, 0xC6]] = [2, 3, 5]
+_HEADER_OF_TYPE = {pa.string(): _STR_HEADER, pa.binary(): _BIN_HEADER}
 
 
 class KeyColumnNullError(ValueError):
@@ -158,3 +171,80 @@ def batch_to_entries(
         values = batch.select(list(row_indexes)).to_pylist()
     assert len(keys) == len(values) == batch.num_rows
     return keys, values
+
+
+def bulk_columns(layout: ColumnLayout, arrow_schema: pa.Schema) -> tuple[int, int] | None:
+    """(key index, value index) when local fragments can be decoded in bulk for this schema:
+    a key column and a whole-value column, each string or binary, and nothing else."""
+    if len(arrow_schema) != 2 or layout.key_index is None or layout.value_index is None:
+        return None
+    if any(field.type not in _HEADER_OF_TYPE for field in arrow_schema):
+        return None
+    return layout.key_index, layout.value_index
+
+
+def fragment_columns(fragment: LocalFragment, arrow_schema: pa.Schema,
+                     columns: tuple[int, int]) -> tuple[pa.Array, pa.Array] | None:
+    """The keys and values of a local fragment as Arrow arrays of the schema's types, cut out
+    of its arena by numpy and Arrow with no Python per record; None when a key or a value
+    is not of its column's msgpack type (str for string, bin for binary), so the caller
+    decodes the records one by one (``fragment.entries()``) as any other scan's.
+
+    A record is ``[u32 key_len][u32 value_len][key][value]`` (grid/local_reads.py), key and
+    value in msgpack: the payloads are the bytes after each item's msgpack header.
+    """
+    arena = np.frombuffer(fragment.arena, dtype=np.uint8)
+    if len(arena) >= 2**31:  # int32 Arrow offsets
+        return None
+    slots = np.frombuffer(fragment.index, dtype="<u8", offset=INDEX_HEADER.size)[1::2]
+    offsets = np.sort(slots[slots != 0].astype(np.int64)) - 1
+    if len(offsets) == 0:
+        return pa.array([], arrow_schema.field(columns[0]).type), \
+            pa.array([], arrow_schema.field(columns[1]).type)
+    header = RECORD_HEADER.size
+    sizes = arena[offsets[:, None] + np.arange(header)].view("<u4").astype(np.int64)
+    key_starts = offsets + header
+    value_starts = key_starts + sizes[:, 0]
+    value_ends = value_starts + sizes[:, 1]
+    if value_ends[-1] > len(arena):
+        raise ValueError("a fragment copy whose records do not fit its arena")
+    key_type, value_type = (arrow_schema.field(i).type for i in columns)
+    key_headers = _HEADER_OF_TYPE[key_type][arena[key_starts]]
+    value_headers = _HEADER_OF_TYPE[value_type][arena[value_starts]]
+    if not (key_headers.all() and value_headers.all()):
+        return None
+    if (key_headers > sizes[:, 0]).any() or (value_headers > sizes[:, 1]).any():
+        raise ValueError("a fragment copy whose records do not fit its arena")
+    keys = _payloads(arena, fragment.arena, key_starts + key_headers, value_starts, key_type)
+    values = _payloads(arena, fragment.arena, value_starts + value_headers, value_ends,
+                       value_type)
+    return None if keys is None or values is None else (keys, values)
+
+
+def _payloads(arena: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray,
+              arrow_type: pa.DataType) -> pa.Array | None:
+    """The byte ranges [start, end) of ``data`` as one contiguous Arrow array: an array whose
+    items are the ranges and the gaps between them (offsets start0 end0 start1 end1 ...,
+    increasing as records do), of which Arrow takes every other item. None when a string
+    column's bytes are not UTF-8."""
+    bounds = np.empty(2 * len(starts), dtype=np.int32)
+    bounds[0::2] = starts
+    bounds[1::2] = ends
+    spans = pa.Array.from_buffers(pa.binary(), len(bounds) - 1,
+                                  [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    items = spans.take(pa.array(np.arange(0, len(bounds), 2, dtype=np.int32)))
+    if arrow_type == pa.binary():
+        return items
+    try:
+        return items.cast(arrow_type)
+    except pa.ArrowInvalid:
+        return None
+
+
+def batch_of_columns(parts: list[tuple[pa.Array, pa.Array]], columns: tuple[int, int],
+                     arrow_schema: pa.Schema) -> pa.RecordBatch:
+    """One record batch of the (keys, values) arrays of several fragments."""
+    arrays: list[pa.Array] = [pa.array([])] * 2
+    for which, index in enumerate(columns):
+        arrays[index] = pa.concat_arrays([part[which] for part in parts])
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from grid.client.map import LocalFragment
+from grid.local_reads import INDEX_ENTRY, INDEX_HEADER, RECORD_HEADER
 from grid.serialization import (
     deserialize_key,
     deserialize_value,
@@ -20,6 +22,33 @@ from grid.serialization import (
 )
 
 MEMBERS = ("member-a", "member-b", "member-c")
+
+
+def local_fragment(records: Sequence[tuple[bytes, bytes]], dead: int = 1,
+                   spare: int = 64) -> LocalFragment:
+    """A copy of a fragment as a member lays it out in shared memory (grid/local_reads.py),
+    holding ``records`` (serialized key, value): each after ``dead`` records the index no
+    longer points at (overwritten), in index slots out of offset order, with ``spare`` bytes
+    of unused segment after the last record."""
+    arena = bytearray()
+    offsets = []
+    for key, value in records:
+        for _ in range(dead):
+            arena += RECORD_HEADER.pack(len(key), 3) + key + b"old"
+        offsets.append(len(arena))
+        arena += RECORD_HEADER.pack(len(key), len(value)) + key + value
+    capacity = 8
+    while capacity < 2 * len(records):
+        capacity *= 2
+    slots = [(0, 0)] * capacity
+    for i, offset in enumerate(offsets):
+        slot = (i * 5 + 3) % capacity
+        while slots[slot][1]:
+            slot = (slot + 1) % capacity
+        slots[slot] = (i, offset + 1)
+    index = INDEX_HEADER.pack(capacity, len(records)) + b"".join(
+        INDEX_ENTRY.pack(*entry) for entry in slots)
+    return LocalFragment(index, bytes(arena) + bytes(spare))
 
 
 class FakeGrid:
@@ -103,7 +132,8 @@ class FakeMap:
         return found
 
     def scan_partitions(
-        self, partition_ids: Iterable[int], batch_size: int = 10_000
+        self, partition_ids: Iterable[int], batch_size: int = 10_000,
+        chunk_bytes: int = 4 * 1024 * 1024
     ) -> Iterator[tuple[list, list]]:
         self._grid.calls.append(("scan_partitions", self.name))
         keys: list = []
@@ -117,6 +147,18 @@ class FakeMap:
                 keys, values = [], []
         if keys:
             yield keys, values
+
+    def scan_fragments(self, partition_ids: Iterable[int]) -> Iterator[Any]:
+        """Like the client with local reads: the even partitions as copies of their
+        fragments (as if read from shared memory), the odd ones as (keys, values)."""
+        self._grid.calls.append(("scan_fragments", self.name))
+        for partition in list(partition_ids):
+            records = list(self._fragments().get(partition, {}).items())
+            if partition % 2 == 0:
+                yield local_fragment(records)
+            elif records:
+                yield [deserialize_key(k) for k, _ in records], \
+                    [deserialize_value(v) for _, v in records]
 
     def move_to(self, target: str) -> None:
         """Like the member (REPLACE_CONTENTS, `RecordStore.move_fragment`): in every partition

@@ -6,10 +6,14 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
+from grid.serialization import serialize_key, serialize_value  # noqa: E402
 from grid.spark.arrow import (  # noqa: E402 - after the importorskip
     KeyColumnNullError,
+    batch_of_columns,
     batch_to_entries,
     build_batch,
+    bulk_columns,
+    fragment_columns,
     resolve_write_columns,
 )
 from grid.spark.planning import (  # noqa: E402
@@ -19,6 +23,7 @@ from grid.spark.planning import (  # noqa: E402
     plan_scan_tasks,
 )
 from grid.spark.schema import ColumnLayout  # noqa: E402
+from tests.spark.fake_grid import local_fragment  # noqa: E402
 
 
 def _schema(*fields: tuple[str, object]) -> pa.Schema:
@@ -163,3 +168,91 @@ def test_normalize_filter_key() -> None:
     assert normalize_filter_key(["a", 1]) == (True, ("a", 1))
     assert normalize_filter_key(None) == (False, None)
     assert normalize_filter_key(["a", None]) == (False, None)
+
+
+# -- local fragments decoded in bulk -----------------------------------------------------
+
+
+def _records(pairs: list[tuple[object, object]]) -> list[tuple[bytes, bytes]]:
+    return [(serialize_key(k), serialize_value(v)) for k, v in pairs]
+
+
+def _bulk(pairs: list[tuple[object, object]], schema: pa.Schema, **kwargs: int):
+    layout = ColumnLayout.for_schema(schema.names, key_column="key", value_column=None)
+    columns = bulk_columns(layout, schema)
+    assert columns is not None
+    return fragment_columns(local_fragment(_records(pairs), **kwargs), schema, columns), columns
+
+
+@pytest.mark.parametrize("dead", [0, 2])
+def test_a_fragment_is_cut_into_the_arrays_a_row_by_row_decode_gives(dead: int) -> None:
+    """Every msgpack header length (fixstr, str8, str16; bin8, bin16, bin32), non-ASCII
+    text, empty values, records the index no longer points at between the live ones."""
+    pairs = [("k1", b"v"), ("ключ", b""), ("x" * 40, b"y" * 300), ("z" * 70_000, b"w" * 70_000),
+             ("", b"\x00\xff")]
+    schema = _schema(("key", pa.string()), ("value", pa.binary()))
+    (keys, values), columns = _bulk(pairs, schema, dead=dead)
+    assert keys.to_pylist() == [k for k, _ in pairs]
+    assert values.to_pylist() == [v for _, v in pairs]
+    fragment = local_fragment(_records(pairs), dead=dead)
+    assert fragment.entries() == ([k for k, _ in pairs], [v for _, v in pairs])
+    batch = batch_of_columns([(keys, values), (keys, values)], columns, schema)
+    layout = ColumnLayout.for_schema(schema.names, key_column="key", value_column=None)
+    expected = build_batch([k for k, _ in pairs] * 2, [v for _, v in pairs] * 2, layout, schema)
+    assert batch.equals(expected)
+
+
+def test_string_values_binary_keys_and_columns_in_either_order() -> None:
+    pairs = [(b"k1", "one"), (b"k\xff", "два")]
+    schema = _schema(("value", pa.string()), ("key", pa.binary()))
+    (keys, values), columns = _bulk(pairs, schema)
+    assert columns == (1, 0)
+    batch = batch_of_columns([(keys, values)], columns, schema)
+    assert batch.to_pydict() == {"value": ["one", "два"], "key": [b"k1", b"k\xff"]}
+
+
+@pytest.mark.parametrize("pairs", [
+    [("k1", b"v"), (7, b"v")],  # an int key in a string column
+    [("k1", b"v"), ("k2", "text")],  # a str value in a binary column
+    [("k1", b"v"), ("k2", {"a": 1})],  # a dict value
+    [("k1", b"v"), ("k2", None)],  # a null
+], ids=["int-key", "str-value", "dict-value", "null-value"])
+def test_a_record_of_another_type_leaves_the_fragment_to_the_row_by_row_decode(pairs) -> None:
+    schema = _schema(("key", pa.string()), ("value", pa.binary()))
+    assert _bulk(pairs, schema)[0] is None
+
+
+def test_a_str_that_is_not_utf8_leaves_the_fragment_to_the_row_by_row_decode() -> None:
+    schema = _schema(("key", pa.string()), ("value", pa.binary()))
+    layout = ColumnLayout.for_schema(schema.names, key_column="key", value_column=None)
+    fragment = local_fragment([(b"\xa2\xff\xfe", serialize_value(b"v"))])
+    assert fragment_columns(fragment, schema, bulk_columns(layout, schema)) is None
+
+
+def test_an_empty_fragment_gives_empty_arrays() -> None:
+    schema = _schema(("key", pa.string()), ("value", pa.binary()))
+    (keys, values), _ = _bulk([], schema)
+    assert len(keys) == len(values) == 0 and keys.type == pa.string()
+
+
+def test_only_a_key_and_a_whole_value_of_strings_or_bytes_are_decoded_in_bulk() -> None:
+    def columns(schema: pa.Schema, value_column: str | None = None):
+        layout = ColumnLayout.for_schema(schema.names, key_column="key",
+                                         value_column=value_column)
+        return bulk_columns(layout, schema)
+
+    assert columns(_schema(("key", pa.string()), ("value", pa.binary()))) == (0, 1)
+    assert columns(_schema(("key", pa.string()), ("body", pa.string())), "body") == (0, 1)
+    assert columns(_schema(("key", pa.string()), ("value", pa.int64()))) is None
+    assert columns(_schema(("key", pa.int64()), ("value", pa.binary()))) is None
+    assert columns(_schema(("key", pa.string()), ("a", pa.string()), ("b", pa.string()))) \
+        is None
+
+
+def test_a_fragment_whose_records_run_past_its_arena_is_an_error() -> None:
+    schema = _schema(("key", pa.string()), ("value", pa.binary()))
+    layout = ColumnLayout.for_schema(schema.names, key_column="key", value_column=None)
+    fragment = local_fragment(_records([("k1", b"v" * 100)]), spare=0)
+    cut = type(fragment)(fragment.index, fragment.arena[:-10])
+    with pytest.raises(ValueError, match="do not fit"):
+        fragment_columns(cut, schema, bulk_columns(layout, schema))

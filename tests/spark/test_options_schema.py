@@ -66,8 +66,8 @@ def test_bad_options_name_the_option(raw: dict, message: str) -> None:
         parse_options(raw)
 
 
-def test_default_task_count_is_three_per_core_and_one_per_owner_at_least() -> None:
-    assert default_task_count(3, cpu_count=2) == 6
+def test_default_task_count_is_two_per_core_and_one_per_owner_at_least() -> None:
+    assert default_task_count(3, cpu_count=2) == 4
     assert default_task_count(10, cpu_count=2) == 10
 
 

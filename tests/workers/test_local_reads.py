@@ -18,7 +18,8 @@ from hypothesis.stateful import initialize, invariant, rule
 
 from grid.client import local_reads as client_reads
 from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
-from grid.local_reads import RETRY, SEQ, SLOT, probe
+from grid.client.map import LocalFragment
+from grid.local_reads import RETRY, SEQ, SLOT, probe, records
 from tests.workers.conftest import unique_prefix
 from tests.workers.test_record_store import (
     KEYS,
@@ -224,6 +225,24 @@ def test_a_scan_copies_no_more_than_its_limit(published) -> None:
     assert reader.scan("m", 2, UUID, member, max_bytes=0) == (b"", 0)  # nothing to copy
 
 
+def test_a_fragment_copy_holds_what_a_scan_reads(published) -> None:
+    """The copy a bulk reader decodes (index table and arena segment, as they are) gives the
+    records a scan gives, dead records left behind; it is refused past its limit."""
+    store, reader, member = published
+    for i in range(50):
+        store.put(1, "m", b"key%d" % i, b"v" * 100)
+    store.put(1, "m", b"key3", b"new")  # the old record stays in the arena, unindexed
+    store.remove(1, "m", b"key7")
+    store.settle(1, "m")
+    index, arena = reader.copy_fragment("m", 1, UUID, member)
+    assert records(index, arena) == reader.scan("m", 1, UUID, member)
+    assert records(index, arena)[1] == 50
+    assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena)) == (index, arena)
+    assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena) - 1) is MISS
+    assert reader.copy_fragment("m", 2, UUID, member) is None  # no fragment: nothing to copy
+    assert reader.copy_fragment("other map", 1, UUID, member) is UNPUBLISHED
+
+
 def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) -> None:
     """A batch of new keys into a published fragment (the block append) builds a larger
     shared index when the table would fill, and is inserted into it in one copy while it
@@ -397,6 +416,15 @@ def _local_scan(reader: LocalReader, member: str, key: int) -> object:
     return [(items[i], msgpack.packb(items[i + 1])) for i in range(0, len(items), 2)]
 
 
+def _local_copy(reader: LocalReader, member: str, key: int) -> object:
+    """Every (key, value) of a copy of the partition's fragment, or MISS / UNPUBLISHED."""
+    found = reader.copy_fragment("m", 0, UUID, member)
+    if found is MISS or found is UNPUBLISHED or found is None:
+        return MISS if found is None else found
+    keys, values = LocalFragment(*found).entries()
+    return [(k, msgpack.packb(v)) for k, v in zip(keys, values, strict=True)]
+
+
 def _local_get_many(reader: LocalReader, member: str, key: int) -> object:
     """[(key, value)] of a batch of local gets of four keys (those answered), or MISS."""
     keys = [(key + i) % KEY_COUNT for i in range(4)]
@@ -406,8 +434,8 @@ def _local_get_many(reader: LocalReader, member: str, key: int) -> object:
 
 
 @pytest.mark.parametrize("big", [False, True], ids=["small-values", "70KB-values"])
-@pytest.mark.parametrize("read", [_local_get, _local_get_many, _local_scan],
-                         ids=["get", "get_many", "scan"])
+@pytest.mark.parametrize("read", [_local_get, _local_get_many, _local_scan, _local_copy],
+                         ids=["get", "get_many", "scan", "copy"])
 def test_readers_racing_a_writer_never_see_a_torn_or_invented_value(read, big) -> None:
     checked, gave_up = _race(unique_prefix(), 2.0, read, big)
     # A whole-fragment scan under a writer this fast often gives up (a seqlock starves long

@@ -54,8 +54,7 @@ import mmh3
 
 __all__ = ["DIRECTORY_MAGIC", "HEADER", "INDEX_ENTRY", "INDEX_HEADER", "NAME_BYTES", "RETRY",
            "SLOT", "directory_bytes", "directory_name", "fragment_copy", "key_hash", "key_hashes",
-           "map_segment",
-           "names_offset", "namespace_name", "probe", "records", "segment_name",
+           "map_segment", "names_offset", "namespace_name", "probe", "records", "segment_name",
            "segment_prefix", "served_offset"]
 
 DIRECTORY_MAGIC = b"SHMGLR1\0"
@@ -170,7 +169,8 @@ def fragment_copy(index: object, arena: object, max_bytes: int | None = None
     and no Python per record (finding the last record would cost a pass over the table),
     for a reader that decodes the records in bulk; ``records`` of the pair gives what
     ``records`` of the fragment gives. RETRY as ``records``; TOO_LARGE when the arena
-    segment is larger than ``max_bytes``."""
+    segment is larger than ``max_bytes``. A segment holds up to about four times its live
+    records (it doubles as it grows, and is compacted once half of it is garbage)."""
     capacity = INDEX_HEADER.unpack_from(index, 0)[0]  # type: ignore[arg-type]
     if capacity == 0 or capacity & (capacity - 1):
         return RETRY

@@ -215,14 +215,13 @@ def fragment_columns(fragment: LocalFragment, arrow_schema: pa.Schema,
         return None
     if (key_headers > sizes[:, 0]).any() or (value_headers > sizes[:, 1]).any():
         raise ValueError("a fragment copy whose records do not fit its arena")
-    keys = _payloads(arena, fragment.arena, key_starts + key_headers, value_starts, key_type)
-    values = _payloads(arena, fragment.arena, value_starts + value_headers, value_ends,
-                       value_type)
+    keys = _payloads(fragment.arena, key_starts + key_headers, value_starts, key_type)
+    values = _payloads(fragment.arena, value_starts + value_headers, value_ends, value_type)
     return None if keys is None or values is None else (keys, values)
 
 
-def _payloads(arena: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray,
-              arrow_type: pa.DataType) -> pa.Array | None:
+def _payloads(data: bytes, starts: np.ndarray, ends: np.ndarray, arrow_type: pa.DataType
+              ) -> pa.Array | None:
     """The byte ranges [start, end) of ``data`` as one contiguous Arrow array: an array whose
     items are the ranges and the gaps between them (offsets start0 end0 start1 end1 ...,
     increasing as records do), of which Arrow takes every other item. None when a string

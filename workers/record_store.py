@@ -326,10 +326,8 @@ class _Fragment:
             raise RecordStoreInvariantError("a block append does not fit the room made for it")
         self.mm[top : top + size] = b"".join(parts)
         index.update(zip(hashes, starts, strict=True))
-        tree = self.tree
-        if tree is not None:
-            for h, key, value in zip(hashes, keys, values, strict=True):
-                tree.update(h, None, entry_hash(key, _as_bytes(value)))
+        if self.tree is not None:
+            self.tree.add_many(hashes, map(entry_hash, keys, map(_as_bytes, values)))
         self.top = top + size
         self.live_bytes += size
         self.count += len(keys)

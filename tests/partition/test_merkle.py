@@ -89,3 +89,44 @@ def test_a_round_sends_the_subtrees_and_answers_the_differing_nodes():
         MerkleTree(0)
     with pytest.raises(ValueError):
         diff_leaves(MerkleTree(3), MerkleTree(4))
+
+
+def _eager_nodes(depth: int, pairs: list[tuple[int, int]]) -> list[int]:
+    """Every node summed from scratch: a leaf the sum of its entries, a node of its two
+    children (the tree's definition, without its lazy bookkeeping)."""
+    mask = (1 << 64) - 1
+    nodes = [0] * ((1 << depth) - 1)
+    first = (1 << (depth - 1)) - 1
+    for key_hash_, hashed in pairs:
+        leaf = first + ((key_hash_ & mask) >> (65 - depth))
+        nodes[leaf] = (nodes[leaf] + hashed) & mask
+    for i in range(first - 1, -1, -1):
+        nodes[i] = (nodes[2 * i + 1] + nodes[2 * i + 2]) & mask
+    return nodes
+
+
+@settings(max_examples=100, deadline=None)
+@given(depth=st.integers(min_value=1, max_value=12),
+       batches=st.lists(st.lists(st.tuples(st.integers(0, (1 << 64) - 1),
+                                           st.integers(0, (1 << 64) - 1)), max_size=40),
+                        max_size=6),
+       read_between=st.lists(st.booleans(), min_size=6, max_size=6))
+def test_leaf_updates_and_batches_read_back_as_a_tree_summed_from_scratch(depth, batches,
+                                                                         read_between):
+    """Writes touch leaves only and reads sum the inner nodes: reads between writes, single
+    updates and batches of new entries all give the tree's definition."""
+    tree = MerkleTree(depth)
+    done: list[tuple[int, int]] = []
+    for n, batch in enumerate(batches):
+        if n % 2:
+            tree.add_many([h for h, _ in batch], [e for _, e in batch])
+        else:
+            for h, e in batch:
+                tree.update(h, None, e)
+        done += batch
+        if read_between[n]:
+            assert list(tree.nodes) == _eager_nodes(depth, done)
+    assert list(tree.nodes) == _eager_nodes(depth, done)
+    assert tree.root == _eager_nodes(depth, done)[0]
+    copy = MerkleTree.from_nodes(depth, bytes(tree.nodes))
+    assert list(copy.nodes) == list(tree.nodes)

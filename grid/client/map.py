@@ -171,12 +171,12 @@ class Map:
         if name is None:
             return MISS, False
         local = self._local
-        if copy:
-            value = local.copy_fragment(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
-        elif key_bytes is None:
-            value = local.scan(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
-        else:
+        if key_bytes is not None:  # a get: the hot path, tested first
             value = local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
+        elif copy:
+            value = local.copy_fragment(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
+        else:
+            value = local.scan(self.name, pid, owner, name, max_bytes)  # type: ignore[union-attr]
         return value, value is UNPUBLISHED and local.should_ask_to_publish(  # type: ignore[union-attr]
             name, self.name, time.monotonic())
 

@@ -3,6 +3,13 @@
 The same key gives the same bytes in every process (msgpack with bin types, no maps in keys),
 so every process computes the same partition: MurmurHash3 x86 32-bit of those bytes, made
 non-negative as the reference client does, modulo the partition count.
+
+Hash tags (Redis Cluster's rule): a str or bytes key with a ``{`` followed later by a ``}``,
+with at least one character between them, is placed by that tag alone, the text between the
+first ``{`` and the first ``}`` after it. The tag is hashed as a key of the key's own type,
+so ``"{user42}:cart"`` and ``"{user42}:orders"`` share ``"user42"``'s partition: a batch of
+such keys is one partition, one owner and one backup operation, and keys read together can
+be written together.
 """
 
 from __future__ import annotations
@@ -51,8 +58,47 @@ def deserialize_value(data: bytes) -> object:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+# The msgpack type byte of a str (fixstr, str 8/16/32) or bin (8/16/32) key -> the length of
+# its header; the header of a short str of each length (most tags are short).
+_HEADER_BYTES = {**dict.fromkeys(range(0xA0, 0xC0), 1), 0xD9: 2, 0xDA: 3, 0xDB: 5,
+                 0xC4: 2, 0xC5: 3, 0xC6: 5}
+_FIXSTR = [bytes((0xA0 | n,)) for n in range(32)]
+
+
+def _header(n: int, text: bool) -> bytes:
+    """The header msgpack gives a str of n >= 32 bytes (shorter ones: ``_FIXSTR``), or a
+    bin of n bytes."""
+    if text:
+        if n < 256:
+            return bytes((0xD9, n))
+        return b"\xda" + n.to_bytes(2, "big") if n < 65536 else b"\xdb" + n.to_bytes(4, "big")
+    if n < 256:
+        return bytes((0xC4, n))
+    return b"\xc5" + n.to_bytes(2, "big") if n < 65536 else b"\xc6" + n.to_bytes(4, "big")
+
+
+def placement_bytes(key_bytes: bytes) -> bytes:
+    """The bytes that place a serialized key: its hash tag as a key of its type (see the
+    module's docstring), or the key itself. Callers test ``b"{" in key_bytes`` first, the
+    common case being no brace at all."""
+    first = key_bytes[0] if key_bytes else 0
+    header = _HEADER_BYTES.get(first)
+    if header is None:  # an int, a float, a tuple...: no tag (123 packs as b"{")
+        return key_bytes
+    start = key_bytes.find(b"{", header)
+    end = key_bytes.find(b"}", start + 1) if start >= 0 else -1
+    if end <= start + 1:  # no "{", no "}", or "{}": the whole key places it, as in Redis
+        return key_bytes
+    n = end - start - 1
+    text = not 0xC4 <= first <= 0xC6
+    return (_FIXSTR[n] if n < 32 and text else _header(n, text)) + key_bytes[start + 1 : end]
+
+
 def partition_id_of(key_bytes: bytes, partition_count: int) -> int:
-    """Partition of serialized key bytes (abs of the signed 32-bit hash, INT_MIN → 0)."""
+    """Partition of serialized key bytes (abs of the signed 32-bit hash, INT_MIN → 0), placed
+    by its hash tag if it has one."""
+    if b"{" in key_bytes:
+        key_bytes = placement_bytes(key_bytes)
     h = mmh3.hash(key_bytes, 0, True)
     h = 0 if h == INT32_MIN else abs(h)
     return h % partition_count

@@ -11,6 +11,7 @@ from grid.serialization import (
     decode_concatenated,
     deserialize_key,
     partition_id_of,
+    placement_bytes,
     serialize_key,
     serialize_value,
 )
@@ -56,8 +57,38 @@ def test_partition_of_a_key_is_the_non_negative_murmur3_of_its_bytes():
     assert partition_id_of(kb, 271) == partition_id_of(serialize_key("o1"), 271)
 
 
+@pytest.mark.parametrize(("key", "placed_as"), [
+    ("{user42}:cart", "user42"),
+    ("orders:{user42}", "user42"),
+    ("a{b}c{d}", "b"),  # the first "{" and the first "}" after it
+    ("x}{y}", "y"),
+    ("{ü}x", "ü"),
+    ("{" + "t" * 40 + "}x", "t" * 40),  # a tag whose own header is longer (str 8)
+    ("{" + "t" * 300 + "}x", "t" * 300),  # (str 16)
+    (b"{user42}:cart", b"user42"),  # bytes keys are tagged too, as bytes
+    ("{}x", "{}x"),  # an empty tag: the whole key places it, as in Redis
+    ("{}{x}", "{}{x}"),
+    ("{open", "{open"),
+    ("close}", "close}"),
+    ("plain", "plain"),
+    (123, 123),  # packs as b"{": an int is never tagged
+    (("{a}", 1), ("{a}", 1)),  # nor is a tuple
+])
+def test_a_hash_tag_places_a_key_as_the_tag_alone_would_be(key, placed_as):
+    """Redis Cluster's rule: a batch of keys that share a tag is one partition."""
+    assert placement_bytes(serialize_key(key)) == serialize_key(placed_as)
+    assert partition_id_of(serialize_key(key), 271) == partition_id_of(
+        serialize_key(placed_as), 271)
+
+
+def test_tagged_keys_share_one_partition_and_untagged_ones_spread():
+    tagged = {partition_id_of(serialize_key(f"{{cart-7}}:item-{i}"), 271) for i in range(200)}
+    plain = {partition_id_of(serialize_key(f"cart-7:item-{i}"), 271) for i in range(200)}
+    assert len(tagged) == 1 and len(plain) > 100
+
+
 def test_same_partition_in_another_process():
-    keys = ["o1", 42, 3.5, True, b"raw", ("a", 1, (b"x", False))]
+    keys = ["o1", 42, 3.5, True, b"raw", ("a", 1, (b"x", False)), "{t}1", b"{t}2"]
     ours = [partition_id_of(serialize_key(k), 271) for k in keys]
     code = ("from grid.serialization import *;"
             f"print([partition_id_of(serialize_key(k), 271) for k in {keys!r}])")

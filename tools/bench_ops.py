@@ -12,7 +12,8 @@ ratio shmgrid / Redis.
 
 The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1) and the
 same against a plain SET (no replica wait); batches of 100 writes and reads (Redis: the
-non-atomic MSET/MGET over slots, and one hash tag: one slot, one call).
+non-atomic MSET/MGET over slots, and one hash tag: one slot, one call; shmgrid: keys spread
+over partitions, and the same keys with one hash tag a batch: one partition, one owner).
 """
 
 from __future__ import annotations
@@ -39,10 +40,20 @@ ROWS = [("single get", "get", "GET"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
+        ("  keys with one hash tag a batch", "put_all, one hash tag", "MSET, one hash tag"),
         ("batches of 100, reads", "get_all", "mget_nonatomic"),
         ("  against one hash tag", "get_all", "MGET, one hash tag"),
+        ("  keys with one hash tag a batch", "get_all, one hash tag", "MGET, one hash tag"),
         ("batches of 100, reads, local reads", "get_all, local reads", "mget_nonatomic"),
-        ("  against one hash tag", "get_all, local reads", "MGET, one hash tag")]
+        ("  against one hash tag", "get_all, local reads", "MGET, one hash tag"),
+        ("  keys with one hash tag a batch", "get_all, one hash tag, local reads",
+         "MGET, one hash tag")]
+
+
+def tagged(batches: list[list[str]]) -> list[list[str]]:
+    """The batches' keys with one hash tag a batch (``{t7}key-700``...): in Redis Cluster one
+    slot, in shmgrid one partition (grid/serialization.py), so one owner and one call."""
+    return [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
 
 
 def measure(fn: Callable[[int], object], seconds: float, per_call: int) -> tuple[float, float]:
@@ -66,9 +77,11 @@ def grid_rows(cluster_name: str, keys: list[str], value: bytes, seconds: float
     import grid
 
     batches = [keys[i:i + BATCH] for i in range(0, len(keys), BATCH)]
+    tags = tagged(batches)
     with grid.connect(cluster_name=cluster_name) as client:
         m = client.get_map("bench_ops")
         m.put_all({k: value for k in keys})
+        m.put_all({k: value for batch in tags for k in batch})
         n, b = len(keys), len(batches)
         rows = {
             "get": measure(lambda i: m.get(keys[i % n]), seconds, 1),
@@ -76,12 +89,17 @@ def grid_rows(cluster_name: str, keys: list[str], value: bytes, seconds: float
             "put_all": measure(lambda i: m.put_all(dict.fromkeys(batches[i % b], value)),
                                seconds, BATCH),
             "get_all": measure(lambda i: m.get_all(batches[i % b]), seconds, BATCH),
+            "put_all, one hash tag": measure(
+                lambda i: m.put_all(dict.fromkeys(tags[i % b], value)), seconds, BATCH),
+            "get_all, one hash tag": measure(lambda i: m.get_all(tags[i % b]), seconds, BATCH),
         }
         # Last: a published map stays published, and its writes keep the shared index.
         rows["get, local reads"] = local_get_row(client, keys, seconds)
         local = client.get_map("bench_ops", local_reads=True)
         rows["get_all, local reads"] = measure(lambda i: local.get_all(batches[i % b]),
                                                seconds, BATCH)
+        rows["get_all, one hash tag, local reads"] = measure(
+            lambda i: local.get_all(tags[i % b]), seconds, BATCH)
         rows["put, published"] = measure(lambda i: m.put(keys[i % n], value), seconds, 1)
         rows["put_all, published"] = measure(
             lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), seconds, BATCH)
@@ -173,7 +191,7 @@ def redis_rows(port: int, keys: list[str], value: bytes, seconds: float
         except Exception:
             time.sleep(0.2)
     batches = [keys[i:i + BATCH] for i in range(0, len(keys), BATCH)]
-    tagged = [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
+    tags = tagged(batches)
     n, b = len(keys), len(batches)
     client.mset_nonatomic(dict.fromkeys(keys, value))
 
@@ -191,9 +209,9 @@ def redis_rows(port: int, keys: list[str], value: bytes, seconds: float
             BATCH),
         "mget_nonatomic": measure(lambda i: client.mget_nonatomic(batches[i % b]), seconds,
                                   BATCH),
-        "MSET, one hash tag": measure(lambda i: client.mset(dict.fromkeys(tagged[i % b], value)),
+        "MSET, one hash tag": measure(lambda i: client.mset(dict.fromkeys(tags[i % b], value)),
                                       seconds, BATCH),
-        "MGET, one hash tag": measure(lambda i: client.mget(tagged[i % b]), seconds, BATCH),
+        "MGET, one hash tag": measure(lambda i: client.mget(tags[i % b]), seconds, BATCH),
     }
     client.close()
     return rows

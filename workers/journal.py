@@ -2,7 +2,8 @@
 
 With ``persistence_dir`` set, member NAME keeps ``persistence_dir/NAME/``:
 
-- ``meta/``: its identity (name, uuid, cluster name, partition count), the ids it gave map
+- ``meta/``: its identity (name, uuid, cluster name, partition count, how keys are placed
+  in partitions), the ids it gave map
   names, and the member list, partition table and cluster state it last followed, each file
   written atomically (persistence/metadata.py);
 - ``log/``: a LogStore (persistence/store.py) with a record for every put, remove and clear
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from grid.serialization import deserialize_key, partition_id_of
 from persistence import LogStore, MetadataStore, make_prefix, split_prefix
 from persistence.errors import CorruptMetadataError
 from persistence.fileio import FileOps
@@ -36,6 +38,9 @@ from persistence.fileio import FileOps
 log = logging.getLogger("shmgrid.journal")
 
 IDENTITY, NAMESPACES, VIEW = "identity", "namespaces", "view"
+# How keys are placed in partitions (grid/serialization.py). Folders written before hash tags
+# have no such entry: they load only if none of their keys has a tag that moves it.
+KEY_PLACEMENT = "murmur3, hash tags"
 # A test hook: seconds each write to the log waits before it reaches the file (a slow disk),
 # so that a test can kill the member while acknowledged-looking writes are still queued.
 SLOW_DISK_ENV = "SHMGRID_TEST_SLOW_DISK"
@@ -124,8 +129,17 @@ class Journal:
                 log.info("%s was written by cluster %r; it starts cluster %r now", folder,
                          identity.get("cluster_name"), cluster_name)
             self.restored.uuid = identity.get("uuid")
+            placement = identity.get("key_placement")
+            if placement not in (None, KEY_PLACEMENT):
+                raise JournalError(f"{folder} places keys by {placement!r}, which this "
+                                   f"version does not know (it places them by "
+                                   f"{KEY_PLACEMENT!r})")
+        # Written before hash tags: restore checks the keys, then the identity says so.
+        self.placement_unchecked = identity is not None and "key_placement" not in identity
         self.identity = {"name": name, "cluster_name": cluster_name,
                          "partition_count": partition_count}
+        if not self.placement_unchecked:
+            self.identity["key_placement"] = KEY_PLACEMENT
         self.ids = itertools.count(max(self.namespace_ids.values(), default=0) + 1)
         self.log: LogStore | None = None
         self.last_seq = 0
@@ -144,7 +158,8 @@ class Journal:
         self.meta.write(name, json.dumps(value, sort_keys=True).encode())
 
     def save_identity(self, uuid: str) -> None:
-        self._write_json(IDENTITY, {**self.identity, "uuid": uuid})
+        self.identity["uuid"] = uuid
+        self._write_json(IDENTITY, self.identity)
 
     # -- recovery, then persistence ------------------------------------------------------------
 
@@ -172,9 +187,15 @@ class Journal:
             if namespace is None:
                 log.warning("%d records of an unknown map id %d skipped", len(pairs), ns_id)
                 continue
+            if self.placement_unchecked:
+                self._check_placement(pid, namespace, pairs)
             put_many(pid, namespace, pairs)
             restored.records += len(pairs)
             restored.bytes += sum(len(k) + len(v) for k, v in pairs)
+        if self.placement_unchecked:  # every key is where a client looks for it
+            self.placement_unchecked = False
+            self.identity["key_placement"] = KEY_PLACEMENT
+            self._write_json(IDENTITY, self.identity)
         for damage in recovery.damages:
             log.warning("log damage skipped while loading: %s", damage)
         if recovery.damages:
@@ -189,6 +210,22 @@ class Journal:
         if on_durable is not None:
             self.log.set_durable_listener(on_durable)
         return restored
+
+    def _check_placement(self, pid: int, namespace: str,
+                         pairs: list[tuple[bytes, bytes]]) -> None:
+        """Refuse a folder written before hash tags that holds a key whose tag now places it
+        in another partition: a get would not find it there (nothing is loaded or lost; the
+        version that wrote the folder can still read it)."""
+        count = self.identity["partition_count"]
+        moved = [key for key, _ in pairs
+                 if b"{" in key and partition_id_of(key, count) != pid]
+        if moved:
+            raise JournalError(
+                f"{self.folder} was written before keys with a hash tag ({{...}}) were placed "
+                f"by their tag: {len(moved)} key(s) of map {namespace!r} in partition {pid} "
+                f"(the first {deserialize_key(moved[0])!r}) now belong to another partition, "
+                f"where a get would not find them. Read the folder with the shmgrid version "
+                f"that wrote it")
 
     def _prefix(self, pid: int, namespace: str) -> int:
         number = self.namespace_ids.get(namespace)

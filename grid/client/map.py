@@ -25,6 +25,7 @@ from grid.serialization import (
     decode_concatenated,
     deserialize_value,
     partition_id_of,
+    placement_bytes,
     serialize_key,
     serialize_value,
 )
@@ -248,7 +249,8 @@ class Map:
             size = len(key_bytes) + len(value_bytes)
             if size > limit:
                 raise ValueTooLargeError(size, limit)
-            h = hash32(key_bytes, 0, True)
+            h = hash32(key_bytes if b"{" not in key_bytes else placement_bytes(key_bytes),
+                       0, True)
             pid = (0 if h == INT32_MIN else abs(h)) % count  # = partition_id_of
             items = chunk.get(pid)
             if items is None:
@@ -292,7 +294,8 @@ class Map:
         wanted = []
         for key in keys:
             key_bytes = pack(key) if type(key) is str else serialize_key(key)
-            h = hash32(key_bytes, 0, True)
+            h = hash32(key_bytes if b"{" not in key_bytes else placement_bytes(key_bytes),
+                       0, True)
             wanted.append(((0 if h == INT32_MIN else abs(h)) % count, key_bytes, key))
         if local is not None:
             wanted, publish = self._get_locally(wanted, result)

@@ -70,6 +70,24 @@ def test_batches_and_scans(client, request):
     assert m.size() == 5003
 
 
+def test_keys_with_one_hash_tag_live_in_one_partition(client, request):
+    """Co-location: keys that share a hash tag are written, read and scanned as one
+    partition, with the tag's own key; through the owners and through shared memory."""
+    m = client.get_map(request.node.name)
+    data = {f"{{cart-7}}:item-{i}": i for i in range(300)}
+    m.put_all(data)
+    m.put("cart-7", "the cart")
+    pid = client.partition_id("cart-7")
+    assert {client.partition_id(k) for k in data} == {pid}
+    assert m.get_all(list(data)) == data and m.get("{cart-7}:item-5") == 5
+    (keys, values), = m.scan_partitions([pid])
+    assert dict(zip(keys, values, strict=True)) == {**data, "cart-7": "the cart"}
+    local = client.get_map(request.node.name, local_reads=True)
+    assert local.get_all(list(data)) == data and local.get("{cart-7}:item-299") == 299
+    assert local.local_reads
+    assert m.remove("{cart-7}:item-0") == 0 and m.size() == 300
+
+
 def test_scans_come_in_bounded_chunks(client, request):
     """A scan with a small chunk size gets no reply much larger than it, and every entry
     once, also while other entries are written between its chunks."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
-from grid.cluster.chain import ClientConnections, owner_may_chain
+from grid.cluster.chain import ClientConnections, backup_may_answer_batch, owner_may_chain
 from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
 from grid.cluster.replica_sync import WindowOp
 from grid.cluster.replication import Arrival, BackupInbox, BackupStreams, OutgoingOp
@@ -464,8 +464,12 @@ class MapService:
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
         self.store.put_groups(ns, [(pid, groups[pid]) for pid in fresh])
+        # Its backup may answer a first attempt (a resend's ticket waits on earlier ones).
+        client_id = header.get("cid")
+        chain = [None, client_id, header.get("id")] \
+            if client_id.__class__ is str and len(fresh) == len(owned) else None
         self._replicate(ticket, ns, PUT_KIND, {pid: groups[pid] for pid in fresh},
-                        iid, False)
+                        iid, False, chain=chain)
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
@@ -562,8 +566,9 @@ class MapService:
                    target: str | None = None, chain: list[Any] | None = None) -> None:
         """Send one backup operation per backup member (on its ordered stream, if it is a
         synchronous one); the ticket is answered when the synchronous ones applied it.
-        ``chain`` ([pid, client id, request id] of a single-key write) lets the backup answer
-        the client in our place, where grid/cluster/chain.py allows it."""
+        ``chain`` ([pid, client id, request id] of a single-key write; [None, client id,
+        request id] of a batch) lets the backup answer the client in our place, where
+        grid/cluster/chain.py allows it: a batch only when one backup holds all of it."""
         total = self.config.backup_count + self.config.async_backup_count
         table = self.member.cluster.table
         per_member: dict[tuple[str, bool], tuple[list, list]] = {}
@@ -572,6 +577,10 @@ class MapService:
         increment = self.versions.increment
         written, waiting = ticket.written, ticket.waiting
         track = not self.ack_early
+        # Every partition's synchronous backups, while each has one (the backup answers only
+        # for all of the write; not an answer that says more than ok: "wrong" partitions).
+        chain_to: set[str] | None = \
+            set() if chain is not None and track and not any(ticket.fields.values()) else None
         for pid, items in items_by_pid.items():  # (a batch of 100 keys has 80 partitions)
             versions = increment(pid, ns, total)
             target_versions = None if target is None else increment(pid, target, total)
@@ -581,9 +590,11 @@ class MapService:
             sync, asynchronous = self._backup_targets(pid)
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
-            elif chain is not None and track and \
-                    owner_may_chain(len(sync), len(ticket.waiters), durable_wait):
-                ticket.chained = True
+            if chain_to is not None:
+                if sync:
+                    chain_to.update(sync)
+                else:
+                    chain_to = None
             for uuid in sync:
                 if track:
                     pending = waiting.get(uuid)
@@ -601,6 +612,8 @@ class MapService:
                 group = per_member.setdefault((uuid, False), ([], []))
                 group[0].append(part)
                 group[1].extend(items)
+        if chain_to and owner_may_chain(len(chain_to), len(ticket.waiters), durable_wait):
+            ticket.chained = True
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)
@@ -942,6 +955,7 @@ class MapService:
         refused, at = [], 0
         applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
         answer, answered = header.get("answer"), False
+        applied_parts = 0
         replicas = table.replicas
         for pid, versions, count, _, iid, want_old, target_versions in parts:
             chunk = items[at:at + count]
@@ -964,6 +978,7 @@ class MapService:
                                          target_versions)
             if old is NOT_APPLIED:
                 continue
+            applied_parts += 1
             if iid is not None:
                 done = applied.get(iid)
                 if done is None:
@@ -971,16 +986,23 @@ class MapService:
                 else:
                     done[0].append(pid)
             if answer is not None and answer[0] == pid:
-                answered = self._answer_caller(pid, ns, answer[1], answer[2], old)
+                answered = self._answer_caller([pid], ns, answer[1], answer[2], old)
         for iid, (pids, outcome) in applied.items():
             self.records.record(iid, pids, outcome, now)
+        if answer is not None and answer[0] is None and \
+                backup_may_answer_batch(len(parts), applied_parts):
+            # A batch: answered once every part of it was applied here, in sequence.
+            answered = self._answer_caller([part[0] for part in parts], ns, answer[1],
+                                           answer[2], None)
         return refused, answered
 
-    def _answer_caller(self, pid: int, ns: str, client_id: str, rid: Any,
+    def _answer_caller(self, pids: list[int], ns: str, client_id: str, rid: Any,
                        old: bytes | None) -> bool:
-        """Answer a chained write we applied as its owner would have; False if we cannot
-        (then the owner answers): our replica is not in step, or the caller is not known."""
-        if self.versions.is_dirty(pid, ns):  # else it was applied in sequence: our
+        """Answer a chained write we applied to partitions ``pids`` as its owner would have;
+        False if we cannot (then the owner answers): a replica is not in step, or the caller
+        is not known."""
+        is_dirty = self.versions.is_dirty
+        if any(is_dirty(pid, ns) for pid in pids):  # else each was applied in sequence: our
             return False  # previous value is the owner's
         ident = self.clients.ident(client_id)
         if ident is None:

@@ -269,14 +269,16 @@ class Map:
         if partitions is not None:
             partitions.update(items_by_pid)
         iid = self._invoker.invocation_id()
+        client_id = self._invoker.client_id
 
         def build(group: list[int]) -> tuple[dict, list]:
             items: list[bytes] = []
             for pid in group:
                 items.extend(items_by_pid[pid])
             counts = [len(items_by_pid[pid]) // 2 for pid in group]
-            return {"ns": self.name, "pids": group, "counts": counts, "iid": iid}, \
-                [p.pack_items(items)]
+            # cid: the backup may answer in the owner's place (grid/cluster/chain.py)
+            return {"ns": self.name, "pids": group, "counts": counts, "iid": iid,
+                    "cid": client_id}, [p.pack_items(items)]
 
         self._invoker.invoke_partitions(p.PUT_ALL, list(items_by_pid), build,
                                         lambda group, header, reply: None)

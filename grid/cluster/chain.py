@@ -1,4 +1,4 @@
-"""Chained answers: the synchronous backup answers a single-key write in its owner's place.
+"""Chained answers: the synchronous backup answers a write in its owner's place.
 
 A write is answered once every synchronous backup applied it. With the owner answering, that
 is four hops: client → owner → backup → owner → client. When the table names one synchronous
@@ -6,6 +6,11 @@ backup, the backup can answer the client itself once it applied the operation: t
 the critical path, and the same four messages (the backup still acknowledges to its owner,
 which releases the answers queued behind the write, as reply_order.py requires). Hazelcast's
 scheme (backups acknowledge to the caller as well as to the owner) costs a message more.
+
+A batch write (``put_all``) is chained the same way when one backup holds every partition
+of it that the owner writes (keys of one hash tag; a cluster of two members), and the owner's
+answer would say no more than "done" (no partition to send elsewhere). The backup answers once
+it applied every part, each in sequence.
 
 What the answer says must be what the owner would have said: the previous value. A backup
 that applied the operation in sequence (its replica version was one behind, and the namespace
@@ -16,6 +21,7 @@ needs more than the backup's having applied it:
 - more than one synchronous backup (each must have applied it: only the owner learns that);
 - the owner's log must be on disk first (``persistence_fsync = always``);
 - a resend joined the write (it waits on the owner's ticket);
+- a batch that is a resend (an earlier attempt wrote some of it, perhaps not yet backed up);
 - the backup does not know the caller's connection (``HELLO`` not seen, or the link closed).
 
 The backup tells its owner in its acknowledgement whether it answered. If that answer is lost
@@ -31,8 +37,16 @@ MAX_CLIENTS = 10_000  # connections remembered per member; the oldest are forgot
 
 
 def owner_may_chain(sync_backups: int, waiters: int, durable_wait: bool) -> bool:
-    """Whether an owner lets its backup answer a single-key write."""
+    """Whether an owner lets its backup answer a write (``sync_backups``: the synchronous
+    backups of all the partitions it writes, together)."""
     return sync_backups == 1 and waiters == 1 and not durable_wait
+
+
+def backup_may_answer_batch(parts: int, applied: int) -> bool:
+    """Whether a backup answers a batch write it was let answer: only when it applied every
+    part (a part refused, by a table that says we do not back it up, or not applied, being
+    older than what a replica sync brought, leaves the answer to the owner)."""
+    return applied == parts
 
 
 class ClientConnections:

@@ -78,7 +78,8 @@ class SimNetwork:
         self.violations: list[str] = []
         self.fencing = True  # False: the supervisor is down, nobody kills removed members
         self.views: dict[str, tuple[int, tuple[int, ...]]] = {}  # node -> members v, table vs
-        self.pending_writes: dict[tuple[bytes, int], tuple[str, int]] = {}  # (client, rid)
+        # (client, request id) -> the (key, value) pairs it writes
+        self.pending_writes: dict[tuple[bytes, int], list[tuple[str, int]]] = {}
         self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
         self.assigned: set[str] = set()  # nodes whose table had every partition owned
         self.syncs_seen: dict[str, int] = {}  # node -> replica syncs it had installed
@@ -465,11 +466,12 @@ class SimNode(Node):
         client = self.net.clients.get(ident)
         if client is not None:
             header = p.unpack_header(frames[0])
-            write = self.net.pending_writes.get((ident, header.get("id")))
-            if write is not None and header.get("ok"):
-                self.net.check_acked_write(self, *write)
-                acked = (client.ns, write[0])
-                self.net.owner_acked[acked] = max(write[1], self.net.owner_acked.get(acked, 0))
+            writes = self.net.pending_writes.get((ident, header.get("id")))
+            if writes is not None and header.get("ok") and not header.get("wrong"):
+                for key, value in writes:
+                    self.net.check_acked_write(self, key, value)
+                    acked = (client.ns, key)
+                    self.net.owner_acked[acked] = max(value, self.net.owner_acked.get(acked, 0))
             read = self.net.pending_reads.pop((ident, header.get("id")), None)
             if read is not None and header.get("ok"):
                 self.net.check_read_by_member(self, read)
@@ -535,8 +537,9 @@ class SimClient:
     every write has a key of its own (a lost write shows as a hole)."""
 
     def __init__(self, net: SimNetwork, name: str, ns: str = "m",
-                 key_count: int | None = None) -> None:
+                 key_count: int | None = None, batch: int = 0) -> None:
         self.key_count = key_count
+        self.batch = batch  # > 0: each write is a PUT_ALL of this many keys of one hash tag
         self.net = net
         self.ident = name.encode()
         self.ns = ns
@@ -623,8 +626,13 @@ class SimClient:
         self.counter += 1
         index = self.counter if self.key_count is None else self.counter % self.key_count
         key = f"{self.ident.decode()}-{index}"
-        self.attempt(key, self.counter, f"{self.ident.decode()}:{self.counter}",
-                     self.net.time + self.net.config.invocation_timeout)
+        iid = f"{self.ident.decode()}:{self.counter}"
+        deadline = self.net.time + self.net.config.invocation_timeout
+        if self.batch:
+            self.attempt_batch([f"{{{key}}}{j}" for j in range(self.batch)], self.counter, iid,
+                               deadline)
+        else:
+            self.attempt(key, self.counter, iid, deadline)
 
     def owner_of(self, key: str) -> tuple[int, MemberInfo | None]:
         pid = partition_id_of(serialize_key(key), self.table.partition_count)
@@ -661,7 +669,40 @@ class SimClient:
         rid = self.request(owner.endpoint, p.PUT,
                            {"ns": self.ns, "pid": pid, "iid": iid, "cid": self.ident.decode()},
                            [serialize_key(key), serialize_value(value)], on_ack, timeout=1.0)
-        self.net.pending_writes[(self.ident, rid)] = (key, value)
+        self.net.pending_writes[(self.ident, rid)] = [(key, value)]
+
+    def attempt_batch(self, keys: list[str], value: int, iid: str, deadline: float) -> None:
+        """A PUT_ALL of ``keys`` (one hash tag: one partition) to ``value``, as ``attempt``
+        puts one key: resent with the same invocation id until acknowledged (an answer
+        naming the partition "wrong" is no acknowledgement: it is sent to the new owner)."""
+        if self.stopped:
+            return
+        if self.net.time > deadline:
+            self.write_next()
+            return
+        pid, owner = self.owner_of(keys[0])
+        if owner is None:
+            self.refresh(lambda: self.attempt_batch(keys, value, iid, deadline))
+            return
+        for key in keys:
+            self.unsure.setdefault(key, set()).add(value)
+
+        def on_ack(header: dict | None, frames: list[bytes]) -> None:
+            self.net.pending_writes.pop((self.ident, rid), None)
+            if header and header.get("ok") and not header.get("wrong"):
+                for key in keys:
+                    self.acked[key] = value
+                    self.unsure[key] = set()
+                self.write_next()
+            else:
+                self.refresh(lambda: self.attempt_batch(keys, value, iid, deadline))
+
+        items = [item for key in keys for item in (serialize_key(key), serialize_value(value))]
+        rid = self.request(owner.endpoint, p.PUT_ALL,
+                           {"ns": self.ns, "pids": [pid], "counts": [len(keys)], "iid": iid,
+                            "cid": self.ident.decode()}, [p.pack_items(items)], on_ack,
+                           timeout=1.0)
+        self.net.pending_writes[(self.ident, rid)] = [(key, value) for key in keys]
 
 
 class SimReader(SimClient):

@@ -112,6 +112,87 @@ def test_a_backup_out_of_step_leaves_the_answer_to_its_owner(make_cluster):
     assert old == serialize_value(3) and backup.maps.chained_answers == 2
 
 
+def put_all(net: SimNetwork, probe: Probe, keys: list[str], value: int, owner=None,
+            iid: str | None = None) -> list:
+    """PUT_ALL of ``keys`` (of one partition) through its owner; every reply to it."""
+    table = net.master().cluster.table
+    pids = {partition_id_of(serialize_key(key), table.partition_count) for key in keys}
+    assert len(pids) == 1
+    pid = pids.pop()
+    items = [item for key in keys for item in (serialize_key(key), serialize_value(value))]
+    rid = probe.send(owner or owner_of(net, pid), p.PUT_ALL, [p.pack_items(items)], ns="m",
+                     pids=[pid], counts=[len(keys)], iid=iid or f"{keys[0]}:{value}",
+                     cid=probe.ident.decode())
+    net.run_until(net.time + 0.5)
+    return probe.replies[rid]
+
+
+def tagged_keys(net: SimNetwork, accept) -> tuple[list[str], int]:
+    """Three keys of one hash tag whose partition's replicas satisfy ``accept``."""
+    tag, pid = key_where(net, accept)
+    return [f"{{{tag}}}{j}" for j in range(3)], pid
+
+
+def test_the_backup_answers_a_batch_of_one_partition_in_its_owners_place(make_cluster):
+    net = make_cluster(seed=36, backup_count=1, nodes=3)
+    probe = Probe(net)
+    greet(net, probe)
+    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    backup = node_of(net, net.master().cluster.table.replicas(pid)[1])
+    replies = put_all(net, probe, keys, 1)
+    assert len(replies) == 1 and replies[0][0]["ok"] and not replies[0][0].get("wrong")
+    assert backup.maps.chained_answers == 1 and net.violations == []
+    for uuid in net.master().cluster.table.replicas(pid)[:2]:
+        assert all(node_of(net, uuid).store.get(pid, "m", serialize_key(key))
+                   == serialize_value(1) for key in keys)
+
+
+def test_a_batch_its_backup_did_not_apply_in_full_is_answered_by_the_owner(make_cluster):
+    """The backup drops the batch's part (the test hook: acknowledged, not applied); it must
+    not answer for what it does not hold."""
+    net = make_cluster(seed=37, backup_count=1, nodes=3)
+    probe = Probe(net)
+    greet(net, probe)
+    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    backup = node_of(net, net.master().cluster.table.replicas(pid)[1])
+    backup.maps.drop_backup_every = 1
+    replies = put_all(net, probe, keys, 1)
+    assert len(replies) == 1 and replies[0][0]["ok"]
+    assert backup.maps.chained_answers == 0
+    assert backup.store.get(pid, "m", serialize_key(keys[0])) is None
+
+
+def test_a_batch_that_names_partitions_elsewhere_is_answered_by_the_owner(make_cluster):
+    """Its answer says which partitions to send elsewhere: only the owner can say it."""
+    net = make_cluster(seed=38, backup_count=1, nodes=3)
+    probe = Probe(net)
+    greet(net, probe)
+    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    table = net.master().cluster.table
+    other = next(q for q in range(table.partition_count) if table.owner(q) != table.owner(pid))
+    items = [item for key in keys for item in (serialize_key(key), serialize_value(1))]
+    items += [serialize_key("elsewhere"), serialize_value(1)]
+    rid = probe.send(owner_of(net, pid), p.PUT_ALL, [p.pack_items(items)], ns="m",
+                     pids=[pid, other], counts=[3, 1], iid="i-wrong", cid=probe.ident.decode())
+    net.run_until(net.time + 0.5)
+    (header, _), = probe.replies[rid]
+    assert header["ok"] and header["wrong"] == [other]
+    assert chained(net) == 0
+
+
+def test_a_resent_batch_is_answered_by_the_owner(make_cluster):
+    """A resend waits on the first attempt's ticket, whose backups may still be applying:
+    the owner answers it."""
+    net = make_cluster(seed=39, backup_count=1, nodes=3)
+    probe = Probe(net)
+    greet(net, probe)
+    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    assert len(put_all(net, probe, keys, 1, iid="same")) == 1
+    assert chained(net) == 1
+    replies = put_all(net, probe, keys, 1, iid="same")
+    assert len(replies) == 1 and replies[0][0]["ok"] and chained(net) == 1
+
+
 def test_owners_chain_only_with_one_synchronous_backup_one_waiter_and_no_log_wait():
     assert owner_may_chain(1, 1, False)
     assert not owner_may_chain(0, 1, False)

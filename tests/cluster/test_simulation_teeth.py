@@ -110,6 +110,14 @@ def test_a_backup_that_answers_for_its_owner_out_of_step_is_caught(monkeypatch, 
         test_chain.test_a_backup_out_of_step_leaves_the_answer_to_its_owner(make_cluster)
 
 
+def test_a_backup_that_answers_a_batch_it_did_not_all_apply_is_caught(monkeypatch,
+                                                                      make_cluster):
+    monkeypatch.setattr(map_service, "backup_may_answer_batch", lambda parts, applied: True)
+    with pytest.raises(AssertionError):
+        test_chain.test_a_batch_its_backup_did_not_apply_in_full_is_answered_by_the_owner(
+            make_cluster)
+
+
 def test_an_owner_that_lets_one_of_two_backups_answer_is_caught(monkeypatch):
     monkeypatch.setattr(map_service, "owner_may_chain",
                         lambda sync_backups, waiters, durable_wait: waiters == 1)

@@ -3,9 +3,8 @@
 With ``persistence_dir`` set, member NAME keeps ``persistence_dir/NAME/``:
 
 - ``meta/``: its identity (name, uuid, cluster name, partition count, how keys are placed
-  in partitions), the ids it gave map
-  names, and the member list, partition table and cluster state it last followed, each file
-  written atomically (persistence/metadata.py);
+  in partitions), the ids it gave map names, and the member list, partition table and
+  cluster state it last followed, each file written atomically (persistence/metadata.py);
 - ``log/``: a LogStore (persistence/store.py) with a record for every put, remove and clear
   the record store applies: owner writes, backup operations, migrations received (a clear,
   then the fragment's records) and partitions dropped (a clear per map). A record's prefix

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="client processes running at once (default 1)")
     parser.add_argument("--address", help="a member address instead of the local registry")
     parser.add_argument("--map", default="bench", help="map to use (default bench)")
+    parser.add_argument("--hash-tags", action="store_true",
+                        help=f"give each batch of {BATCH} keys one hash tag ({{b7}}key-700...): "
+                             "a put_all or get_all is then one partition, one owner and one "
+                             "backup operation (Redis Cluster's MSET with one tag is the like)")
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -142,8 +146,10 @@ def run_bench(args: argparse.Namespace) -> int:
                                       for n in range(len(OPERATIONS))]) if processes else None
     if sampler is not None:
         sampler.start()
-    run_args = [(args.address, args.cluster_name, args.map, keys[n::clients] or keys,
-                 args.value_size, args.seconds, start_at) for n in range(clients)]
+    run_args = [(args.address, args.cluster_name, args.map,
+                 _tagged(keys[n::clients] or keys, n) if args.hash_tags else
+                 keys[n::clients] or keys, args.value_size, args.seconds, start_at)
+                for n in range(clients)]
     if clients == 1:
         per_client = [_client_run(*run_args[0])]
     else:
@@ -158,12 +164,19 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tagged(keys: list[str], client: int) -> list[str]:
+    """The keys with one hash tag a batch (``{b0-7}key-700``...), the batches being the
+    ones ``_client_run`` cuts."""
+    return [f"{{b{client}-{i // BATCH}}}{key}" for i, key in enumerate(keys)]
+
+
 def _print(per_client: list[list[tuple[str, int, list]]], members: int,
            args: argparse.Namespace, clients: int, member_cpu: list[float | None] | None,
            console: Any, table_class: Any) -> None:
     table = table_class(title=f"{members} members, {clients} client process"
                         f"{'es' if clients > 1 else ''}, {args.keys} keys, "
-                        f"{args.value_size}-byte values")
+                        f"{args.value_size}-byte values"
+                        f"{', one hash tag a batch' if args.hash_tags else ''}")
     columns = ["operation", "entries/s", "p50 ms", "p99 ms", "calls"]
     if member_cpu is not None:
         columns.append("member CPU µs/entry")

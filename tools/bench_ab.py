@@ -5,7 +5,8 @@
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
-code), and prints the mean of each operation's entries/s per tree and their ratio, and the
+code; the bench's client is that tree's too, or with ``--same-client`` the working tree's),
+and prints the mean of each operation's entries/s per tree and their ratio, and the
 members' CPU per entry and its ratio where both trees' bench gives it. Alternating spreads
 drift in the machine's speed over both sides.
 
@@ -68,15 +69,16 @@ def shmgrid(tree: Path, name: str, *args: str) -> str:
     return done.stdout
 
 
-def run_once(tree: Path, seconds: float, clients: int
-             ) -> dict[str, tuple[float, float, float | None]]:
-    """One bench against a new cluster run by ``tree``'s code: op -> (entries/s, p50 ms,
-    members' CPU µs per entry or None)."""
+def run_once(tree: Path, seconds: float, clients: int, bench_args: list[str],
+             bench_tree: Path | None = None) -> dict[str, tuple[float, float, float | None]]:
+    """One bench against a new cluster run by ``tree``'s code (the bench itself by
+    ``bench_tree``'s, if given): op -> (entries/s, p50 ms, members' CPU µs per entry or
+    None)."""
     name = f"ab{uuid.uuid4().hex[:8]}"
     shmgrid(tree, name, "start", "--detach")
     try:
-        out = shmgrid(tree, name, "bench", "--seconds", str(seconds), "--clients",
-                      str(clients))
+        out = shmgrid(bench_tree or tree, name, "bench", "--seconds", str(seconds),
+                      "--clients", str(clients), *bench_args)
     finally:
         shmgrid(tree, name, "stop")
     return {m[1]: (float(m[2].replace(",", "")), float(m[3]),
@@ -120,6 +122,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="time per op (default 3)")
     parser.add_argument("--clients", type=int, default=1, help="client processes (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--hash-tags", action="store_true",
+                        help="bench batches of keys of one hash tag (shmgrid bench --hash-tags)")
+    parser.add_argument("--same-client", action="store_true",
+                        help="run the working tree's client (and bench) against both trees' "
+                             "clusters: compares the members only, and lets the bench use "
+                             "options the revision's bench lacks")
     parser.add_argument("--instructions", choices=INSTRUCTION_OPS, metavar="OP",
                         help="count the client's instructions per OP instead "
                              f"({', '.join(INSTRUCTION_OPS)}; needs valgrind)")
@@ -142,7 +150,10 @@ def main() -> int:
                 for round_no in range(args.rounds):
                     for label, tree in (("base", base), ("tree", ROOT)):
                         print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
-                        runs[label].append(run_once(tree, args.seconds, args.clients))
+                        runs[label].append(run_once(
+                            tree, args.seconds, args.clients,
+                            ["--hash-tags"] if args.hash_tags else [],
+                            ROOT if args.same_client else None))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
                            capture_output=True)

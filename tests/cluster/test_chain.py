@@ -127,18 +127,19 @@ def put_all(net: SimNetwork, probe: Probe, keys: list[str], value: int, owner=No
     return probe.replies[rid]
 
 
-def tagged_keys(net: SimNetwork, accept) -> tuple[list[str], int]:
-    """Three keys of one hash tag whose partition's replicas satisfy ``accept``."""
-    tag, pid = key_where(net, accept)
-    return [f"{{{tag}}}{j}" for j in range(3)], pid
+def batch_setup(make_cluster, seed: int):
+    """A greeted probe on a 3-member cluster with one backup, and three keys of one hash
+    tag: (net, probe, keys, their partition, its backup)."""
+    net = make_cluster(seed=seed, backup_count=1, nodes=3)
+    probe = Probe(net)
+    greet(net, probe)
+    tag, pid = key_where(net, lambda r: r[1] is not None)
+    backup = node_of(net, net.master().cluster.table.replicas(pid)[1])
+    return net, probe, [f"{{{tag}}}{j}" for j in range(3)], pid, backup
 
 
 def test_the_backup_answers_a_batch_of_one_partition_in_its_owners_place(make_cluster):
-    net = make_cluster(seed=36, backup_count=1, nodes=3)
-    probe = Probe(net)
-    greet(net, probe)
-    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
-    backup = node_of(net, net.master().cluster.table.replicas(pid)[1])
+    net, probe, keys, pid, backup = batch_setup(make_cluster, 36)
     replies = put_all(net, probe, keys, 1)
     assert len(replies) == 1 and replies[0][0]["ok"] and not replies[0][0].get("wrong")
     assert backup.maps.chained_answers == 1 and net.violations == []
@@ -150,11 +151,7 @@ def test_the_backup_answers_a_batch_of_one_partition_in_its_owners_place(make_cl
 def test_a_batch_its_backup_did_not_apply_in_full_is_answered_by_the_owner(make_cluster):
     """The backup drops the batch's part (the test hook: acknowledged, not applied); it must
     not answer for what it does not hold."""
-    net = make_cluster(seed=37, backup_count=1, nodes=3)
-    probe = Probe(net)
-    greet(net, probe)
-    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
-    backup = node_of(net, net.master().cluster.table.replicas(pid)[1])
+    net, probe, keys, pid, backup = batch_setup(make_cluster, 37)
     backup.maps.drop_backup_every = 1
     replies = put_all(net, probe, keys, 1)
     assert len(replies) == 1 and replies[0][0]["ok"]
@@ -164,10 +161,7 @@ def test_a_batch_its_backup_did_not_apply_in_full_is_answered_by_the_owner(make_
 
 def test_a_batch_that_names_partitions_elsewhere_is_answered_by_the_owner(make_cluster):
     """Its answer says which partitions to send elsewhere: only the owner can say it."""
-    net = make_cluster(seed=38, backup_count=1, nodes=3)
-    probe = Probe(net)
-    greet(net, probe)
-    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    net, probe, keys, pid, backup = batch_setup(make_cluster, 38)
     table = net.master().cluster.table
     other = next(q for q in range(table.partition_count) if table.owner(q) != table.owner(pid))
     items = [item for key in keys for item in (serialize_key(key), serialize_value(1))]
@@ -183,10 +177,7 @@ def test_a_batch_that_names_partitions_elsewhere_is_answered_by_the_owner(make_c
 def test_a_resent_batch_is_answered_by_the_owner(make_cluster):
     """A resend waits on the first attempt's ticket, whose backups may still be applying:
     the owner answers it."""
-    net = make_cluster(seed=39, backup_count=1, nodes=3)
-    probe = Probe(net)
-    greet(net, probe)
-    keys, pid = tagged_keys(net, lambda r: r[1] is not None)
+    net, probe, keys, pid, backup = batch_setup(make_cluster, 39)
     assert len(put_all(net, probe, keys, 1, iid="same")) == 1
     assert chained(net) == 1
     replies = put_all(net, probe, keys, 1, iid="same")

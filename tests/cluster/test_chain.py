@@ -112,17 +112,20 @@ def test_a_backup_out_of_step_leaves_the_answer_to_its_owner(make_cluster):
     assert old == serialize_value(3) and backup.maps.chained_answers == 2
 
 
-def put_all(net: SimNetwork, probe: Probe, keys: list[str], value: int, owner=None,
+def put_all(net: SimNetwork, probe: Probe, keys: list[str], value: int,
             iid: str | None = None) -> list:
-    """PUT_ALL of ``keys`` (of one partition) through its owner; every reply to it."""
+    """PUT_ALL of ``keys`` (of partitions one member owns) through that owner; every reply
+    to it."""
     table = net.master().cluster.table
-    pids = {partition_id_of(serialize_key(key), table.partition_count) for key in keys}
-    assert len(pids) == 1
-    pid = pids.pop()
-    items = [item for key in keys for item in (serialize_key(key), serialize_value(value))]
-    rid = probe.send(owner or owner_of(net, pid), p.PUT_ALL, [p.pack_items(items)], ns="m",
-                     pids=[pid], counts=[len(keys)], iid=iid or f"{keys[0]}:{value}",
-                     cid=probe.ident.decode())
+    by_pid: dict[int, list[bytes]] = {}
+    for key in keys:
+        pid = partition_id_of(serialize_key(key), table.partition_count)
+        by_pid.setdefault(pid, []).extend((serialize_key(key), serialize_value(value)))
+    assert len({table.owner(pid) for pid in by_pid}) == 1
+    rid = probe.send(owner_of(net, next(iter(by_pid))), p.PUT_ALL,
+                     [p.pack_items([item for items in by_pid.values() for item in items])],
+                     ns="m", pids=list(by_pid), counts=[len(v) // 2 for v in by_pid.values()],
+                     iid=iid or f"{keys[0]}:{value}", cid=probe.ident.decode())
     net.run_until(net.time + 0.5)
     return probe.replies[rid]
 
@@ -174,14 +177,19 @@ def test_a_batch_that_names_partitions_elsewhere_is_answered_by_the_owner(make_c
     assert chained(net) == 0
 
 
-def test_a_resent_batch_is_answered_by_the_owner(make_cluster):
-    """A resend waits on the first attempt's ticket, whose backups may still be applying:
-    the owner answers it."""
+def test_a_batch_resent_with_more_partitions_is_answered_by_the_owner(make_cluster):
+    """The resend of an invocation that adds a partition: the ticket also covers the one the
+    first attempt wrote, so the backup, which applies only the new part, does not answer."""
     net, probe, keys, pid, backup = batch_setup(make_cluster, 39)
+    table = net.master().cluster.table
+    more, other = next((key, q) for key in (f"more{i}" for i in range(10_000))
+                       if (q := partition_id_of(serialize_key(key), table.partition_count))
+                       != pid and table.replicas(q)[:2] == table.replicas(pid)[:2])
     assert len(put_all(net, probe, keys, 1, iid="same")) == 1
     assert chained(net) == 1
-    replies = put_all(net, probe, keys, 1, iid="same")
+    replies = put_all(net, probe, [*keys, more], 1, iid="same")
     assert len(replies) == 1 and replies[0][0]["ok"] and chained(net) == 1
+    assert backup.store.get(other, "m", serialize_key(more)) == serialize_value(1)
 
 
 def test_owners_chain_only_with_one_synchronous_backup_one_waiter_and_no_log_wait():

@@ -240,6 +240,12 @@ class SharedFragment:
         if old is not None:
             old.segment.retire()
 
+    def rehomed(self, arena: Segment) -> None:
+        """Inside begin/end: the records were copied to ``arena`` at the same offsets (the
+        arena grew), so the shared index stays as it is; only the slot points elsewhere."""
+        self.slots.point(self.pid, _segment_number(arena),
+                         _segment_number(self.index.segment))  # type: ignore[union-attr]
+
     def placed(self, fragment: object, h: int, old: int, new: int) -> None:
         """Inside begin/end: the record with hash ``h`` at ``old`` (-1: a new key) is at
         ``new`` now."""

@@ -451,7 +451,10 @@ class _Fragment:
         self.top = self.live_bytes
         self.garbage_bytes = 0
         if self.shared is not None:
-            self.shared.moved(segment_new, self.index, self.count)
+            if remap is None:  # the records kept their offsets: the shared index stands
+                self.shared.rehomed(segment_new)
+            else:
+                self.shared.moved(segment_new, self.index, self.count)
         segment_old.retire()
 
     def remap_index(self, remap: dict[int, int]) -> None:

@@ -265,6 +265,34 @@ def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) ->
     assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_arena_that_grows_keeps_its_shared_index_and_is_read_where_it_went(
+        published, batched) -> None:
+    """Growth copies the records to a larger arena at the same offsets: the slot points at
+    the new arena, the shared index is kept (not built again), and every key reads back."""
+    store, reader, member = published
+    fragment = store._partitions[1]["m"]
+    wanted = {b"k": b"v"}
+    store.settle(1, "m")
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"  # the reader maps the first arena
+    index_segment = fragment.shared.index.segment
+    room = fragment.shared.index.capacity // 2 - fragment.count
+    arena, capacity = fragment.segment, fragment.capacity
+    value = b"x" * (2 * capacity // room)  # fills the arena before the index
+    batch = {b"grow%d" % i: value for i in range(room)}
+    if batched:
+        store.put_many(1, "m", batch.items())
+    else:
+        for key, item in batch.items():
+            store.put(1, "m", key, item)
+    wanted.update(batch)
+    assert fragment.capacity > capacity and fragment.segment is not arena
+    assert fragment.shared.index.segment is index_segment
+    store._check()
+    store.settle(1, "m")
+    assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
+
+
 def test_a_batch_of_reads_is_refused_key_by_key_as_single_reads_are(published) -> None:
     store, reader, member = published
     store.put(2, "m", b"j", b"w")

@@ -109,10 +109,14 @@ def decode_concatenated(payload: bytes, count: int) -> list:
 
     One C call: prefix an array header so msgpack parses the whole run at once.
     """
+    return msgpack.unpackb(array_header(count) + payload, raw=False, strict_map_key=False,
+                           use_list=True)
+
+
+def array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` items (which follow it, laid end to end)."""
     if count < 16:
-        header = bytes([0x90 | count])
-    elif count < 65536:
-        header = b"\xdc" + count.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + count.to_bytes(4, "big")
-    return msgpack.unpackb(header + payload, raw=False, strict_map_key=False, use_list=True)
+        return bytes([0x90 | count])
+    if count < 65536:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")

@@ -22,6 +22,7 @@ from grid.errors import ValueTooLargeError
 from grid.local_reads import RETRY, records
 from grid.serialization import (
     INT32_MIN,
+    array_header,
     decode_concatenated,
     deserialize_value,
     partition_id_of,
@@ -259,28 +260,53 @@ class Map:
             items.append(value_bytes)
             chunk_bytes += size
             if chunk_bytes >= BATCH_BYTES:
-                self._send_put_all(chunk, partitions)
+                self._send_items(chunk, partitions)
                 chunk, chunk_bytes = {}, 0
         if chunk:
-            self._send_put_all(chunk, partitions)
+            self._send_items(chunk, partitions)
 
-    def _send_put_all(self, items_by_pid: dict[int, list[bytes]],
-                      partitions: set[int] | None) -> None:
-        if partitions is not None:
-            partitions.update(items_by_pid)
-        iid = self._invoker.invocation_id()
-        client_id = self._invoker.client_id
-
-        def build(group: list[int]) -> tuple[dict, list]:
+    def _send_items(self, items_by_pid: dict[int, list[bytes]],
+                    partitions: set[int] | None) -> None:
+        def frame(group: list[int]) -> bytes:
             items: list[bytes] = []
             for pid in group:
                 items.extend(items_by_pid[pid])
-            counts = [len(items_by_pid[pid]) // 2 for pid in group]
-            # cid: the backup may answer in the owner's place (grid/cluster/chain.py)
-            return {"ns": self.name, "pids": group, "counts": counts, "iid": iid,
-                    "cid": client_id}, [p.pack_items(items)]
+            return p.pack_items(items)
 
-        self._invoker.invoke_partitions(p.PUT_ALL, list(items_by_pid), build,
+        counts = [len(items) // 2 for items in items_by_pid.values()]
+        self._send_put_all(items_by_pid, counts, frame, partitions)
+
+    def put_all_packed(self, pieces: Mapping[int, tuple[int, list]],
+                       partitions: set[int] | None) -> None:
+        """``put_all_into`` of entries already serialized and grouped: ``pieces`` maps a
+        partition id to (entry count, buffers of its entries as put_all items laid end to
+        end: ``bin(key bytes) bin(value bytes)`` each, as ``protocol.pack_items`` lays out
+        a list). The Spark writer builds them from Arrow batches
+        (grid/spark/packed_write.py); the caller placed each key and checked each entry's
+        size."""
+
+        def frame(group: list[int]) -> bytes:
+            head = array_header(2 * sum(pieces[pid][0] for pid in group))
+            return b"".join([head, *(part for pid in group for part in pieces[pid][1])])
+
+        self._send_put_all(pieces, [pieces[pid][0] for pid in pieces], frame, partitions)
+
+    def _send_put_all(self, by_pid: Mapping[int, Any], counts: list[int],
+                      frame: Any, partitions: set[int] | None) -> None:
+        """One PUT_ALL per owner of the partitions in ``by_pid``, ``counts`` entries each
+        (in its order), ``frame(group)`` the items of a group of partitions."""
+        if partitions is not None:
+            partitions.update(by_pid)
+        iid = self._invoker.invocation_id()
+        client_id = self._invoker.client_id
+        count_of = dict(zip(by_pid, counts, strict=True))
+
+        def build(group: list[int]) -> tuple[dict, list]:
+            # cid: the backup may answer in the owner's place (grid/cluster/chain.py)
+            return {"ns": self.name, "pids": group, "counts": [count_of[pid] for pid in group],
+                    "iid": iid, "cid": client_id}, [frame(group)]
+
+        self._invoker.invoke_partitions(p.PUT_ALL, list(by_pid), build,
                                         lambda group, header, reply: None)
 
     def get_all(self, keys: Iterable[object]) -> dict[Any, Any]:

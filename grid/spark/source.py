@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from grid import errors
-from grid.client.map import LocalFragment
+from grid.client.map import BATCH_BYTES, LocalFragment
 from grid.spark.arrow import (
     batch_of_columns,
     batch_to_entries,
@@ -41,6 +41,7 @@ from grid.spark.arrow import (
 )
 from grid.spark.connection import client_for, drop_client
 from grid.spark.options import FORMAT_NAME, SourceOptions, default_task_count, parse_options
+from grid.spark.packed_write import PackedRows, pack_rows, packable
 from grid.spark.planning import KeyTask, normalize_filter_key, plan_key_tasks, plan_scan_tasks
 from grid.spark.schema import ColumnLayout, infer_ddl
 from grid.spark.staging import abort_overwrite, begin_overwrite, commit_overwrite
@@ -465,6 +466,71 @@ def _key_plan_is_current(client: Any, partition: GridKeysPartition) -> bool:
     )
 
 
+class _PendingRows:
+    """A write task's rows on their way to the grid, sent about ``batch_size`` rows (or
+    ``BATCH_BYTES``) at a time, in the order they came: batches of a string key and a string
+    or binary value packed column-wise (grid/spark/packed_write.py), any other through
+    Python objects and ``put_all_into``."""
+
+    def __init__(self, grid_map: Any, touched: set[int] | None, batch_size: int,
+                 partition_count: int, max_entry_bytes: int) -> None:
+        self.grid_map, self.touched, self.batch_size = grid_map, touched, batch_size
+        self.partition_count, self.max_entry_bytes = partition_count, max_entry_bytes
+        self.keys: list = []
+        self.values: list = []
+        self.packed: list[PackedRows] = []
+        self.packed_rows = self.packed_bytes = 0
+        self.written = 0
+
+    def add(self, batch: pa.RecordBatch, key_index: int, value_index: int | None,
+            row_indexes: tuple[int, ...]) -> None:
+        packed = None
+        if batch.num_rows and packable(batch, key_index, value_index):
+            packed = pack_rows(batch, key_index, value_index,  # type: ignore[arg-type]
+                               self.partition_count, self.max_entry_bytes)
+        if packed is not None:
+            self._flush_entries()
+            self.packed.append(packed)
+            self.packed_rows += packed.rows
+            self.packed_bytes += packed.size
+            if self.packed_rows >= self.batch_size or self.packed_bytes >= BATCH_BYTES:
+                self._flush_packed()
+            return
+        self._flush_packed()
+        keys, values = batch_to_entries(batch, key_index, value_index, row_indexes)
+        self.keys.extend(keys)
+        self.values.extend(values)
+        if len(self.keys) >= self.batch_size:
+            self._flush_entries()
+
+    def flush(self) -> None:
+        self._flush_packed()
+        self._flush_entries()
+
+    def _flush_entries(self) -> None:
+        if self.keys:
+            self.grid_map.put_all_into(zip(self.keys, self.values, strict=True), self.touched)
+            self.written += len(self.keys)
+            self.keys, self.values = [], []
+
+    def _flush_packed(self) -> None:
+        if not self.packed:
+            return
+        counts: dict[int, int] = {}
+        parts: dict[int, list] = {}
+        for packed in self.packed:
+            for pid, (count, data) in packed.pieces.items():
+                if pid in counts:
+                    counts[pid] += count
+                    parts[pid].append(data)
+                else:
+                    counts[pid], parts[pid] = count, [data]
+        self.grid_map.put_all_packed({pid: (counts[pid], parts[pid]) for pid in counts},
+                                     self.touched)
+        self.written += self.packed_rows
+        self.packed, self.packed_rows, self.packed_bytes = [], 0, 0
+
+
 class ShmgridWriter(DataSourceArrowWriter):
     """Batched puts of Arrow batches; for an overwrite, into the job's staging map."""
 
@@ -486,34 +552,24 @@ class ShmgridWriter(DataSourceArrowWriter):
         attempt = context.attemptNumber() if context is not None else 0
         client = _client(self.options)
         grid_map = client.get_map(self.write_map_name)
-        columns = None
-        pending_keys: list = []
-        pending_values: list = []
-        row_count = 0
         # An overwrite's commit must know which target partitions get new contents.
         touched: set[int] | None = set() if self.staging_name is not None else None
+        rows = _PendingRows(grid_map, touched, self.options.batch_size,
+                            client.partition_count, client.max_value_bytes)
+        columns = None
         try:
             for batch in iterator:
                 if columns is None:
                     columns = resolve_write_columns(
                         batch.schema.names, self.options.key_column, self.options.value_column
                     )
-                keys, values = batch_to_entries(batch, *columns)
-                pending_keys.extend(keys)
-                pending_values.extend(values)
-                if len(pending_keys) >= self.options.batch_size:
-                    grid_map.put_all_into(zip(pending_keys, pending_values, strict=True),
-                                          touched)
-                    row_count += len(pending_keys)
-                    pending_keys, pending_values = [], []
-            if pending_keys:
-                grid_map.put_all_into(zip(pending_keys, pending_values, strict=True), touched)
-                row_count += len(pending_keys)
+                rows.add(batch, *columns)
+            rows.flush()
         except _reconnect_errors:
             drop_client(self.options)
             raise
         staged = frozenset(touched) if touched is not None else None
-        return GridCommitMessage(partition_id, attempt, row_count, staged)
+        return GridCommitMessage(partition_id, attempt, rows.written, staged)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """All tasks succeeded: for an overwrite, publish the staging map."""

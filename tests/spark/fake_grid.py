@@ -12,8 +12,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from grid.client.map import LocalFragment
+from grid.config import GridConfig
 from grid.local_reads import INDEX_ENTRY, INDEX_HEADER, RECORD_HEADER
+from grid.protocol import unpack_items
 from grid.serialization import (
+    array_header,
     deserialize_key,
     deserialize_value,
     partition_id_of,
@@ -122,6 +125,20 @@ class FakeMap:
         for (fragment, key_bytes), value_bytes in encoded:
             fragment[key_bytes] = value_bytes
 
+    def put_all_packed(self, pieces: Mapping[int, tuple[int, list]],
+                       partitions: set[int] | None) -> None:
+        """Like the client's, read back as a member reads a put_all frame; a key placed in
+        a partition other than its own fails."""
+        self._grid.calls.append(("put_all", self.name))
+        for pid, (count, parts) in pieces.items():
+            items = unpack_items(array_header(2 * count) + b"".join(parts))
+            assert len(items) == 2 * count
+            for key_bytes, value_bytes in zip(items[0::2], items[1::2], strict=True):
+                assert partition_id_of(key_bytes, self._grid.partition_count) == pid
+                self._fragments().setdefault(pid, {})[key_bytes] = value_bytes
+        if partitions is not None:
+            partitions.update(pieces)
+
     def get_all(self, keys: Iterable[object]) -> dict:
         self._grid.calls.append(("get_all", self.name))
         found = {}
@@ -179,6 +196,8 @@ class FakeMap:
 
 
 class FakeClient:
+    max_value_bytes = GridConfig().max_value_bytes
+
     def __init__(self, grid: FakeGrid) -> None:
         self._grid = grid
 

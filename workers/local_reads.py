@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from grid.local_reads import (
     DIRECTORY_MAGIC,
@@ -47,6 +48,7 @@ __all__ = ["LocalReadDirectory", "SharedFragment", "SharedIndex", "fence"]
 
 NAMESPACE_CAPACITY = 256
 INDEX_CAPACITY_MIN = 16
+VECTOR_BUILD_MIN = 256  # a smaller index is built as fast one entry at a time
 _SETTLED_OFFSET = 8  # in a slot: seq, settled, arena + 1, index + 1
 _SEGMENTS_OFFSET = 16
 _U64 = struct.Struct("<Q")
@@ -59,6 +61,54 @@ def _capacity_for(count: int) -> int:
     while capacity < 2 * (count + 1):
         capacity *= 2
     return capacity
+
+
+def _probed(entries: dict[int, int | tuple[int, ...]], capacity: int) -> array:
+    """The table (hash, offset + 1 pairs) of ``entries``, inserted one by one."""
+    table = array("Q", bytes(16 * capacity))
+    mask = capacity - 1
+    for h, entry in entries.items():
+        for offset in (entry,) if entry.__class__ is int else entry:  # type: ignore[union-attr]
+            i = h & mask
+            while table[2 * i + 1]:
+                i = (i + 1) & mask
+            table[2 * i] = h
+            table[2 * i + 1] = offset + 1
+    return table
+
+
+def _placed(entries: dict[int, int | tuple[int, ...]], count: int, capacity: int) -> Any:
+    """The table ``_probed`` would make (the same entries, each reachable from its home slot
+    with no empty slot between), placed in bulk. Inserting the entries in order of home
+    slot, each lands at max(its home, the slot after the previous one's); those pushed past
+    the end wrap around to the first empty slots, in that order."""
+    import numpy as np  # only members that build large shared indexes pay for the import
+
+    try:
+        hashes = np.fromiter(entries.keys(), np.uint64, len(entries))
+        offsets = np.fromiter(entries.values(), np.uint64, len(entries))
+    except (TypeError, ValueError):  # a tuple: keys whose 64-bit hashes collide
+        pairs = [(h, offset) for h, entry in entries.items()
+                 for offset in ((entry,) if entry.__class__ is int else entry)]  # type: ignore[union-attr]
+        hashes = np.array([h for h, _ in pairs], np.uint64)
+        offsets = np.array([offset for _, offset in pairs], np.uint64)
+    if len(hashes) != count:
+        raise ValueError(f"a shared index of {count} entries given {len(hashes)}")
+    home = (hashes & np.uint64(capacity - 1)).astype(np.int64)
+    order = np.argsort(home, kind="stable")
+    steps = np.arange(len(order))
+    slots = np.maximum.accumulate(home[order] - steps) + steps
+    table = np.zeros((capacity, 2), np.uint64)
+    inside = slots < capacity
+    placed = order[inside]
+    table[slots[inside], 0] = hashes[placed]
+    table[slots[inside], 1] = offsets[placed] + np.uint64(1)
+    wrapped = order[~inside]
+    if len(wrapped):
+        free = np.flatnonzero(table[:, 1] == 0)[: len(wrapped)]
+        table[free, 0] = hashes[wrapped]
+        table[free, 1] = offsets[wrapped] + np.uint64(1)
+    return table
 
 
 class SharedIndex:
@@ -76,25 +126,14 @@ class SharedIndex:
     @classmethod
     def build(cls, new_segment: NewSegment, entries: dict[int, int | tuple[int, ...]],
               count: int) -> SharedIndex:
-        """A table of every (hash, offset) in a fragment's dict index, written in one copy."""
+        """A table of every (hash, offset) in a fragment's dict index, written in one copy.
+        A large one is placed by numpy: a bulk write into a published map builds each
+        partition's index again every time it doubles, and one entry at a time that was
+        half of the store's work."""
         capacity = _capacity_for(count)
         segment = new_segment(INDEX_HEADER.size + INDEX_ENTRY.size * capacity)
-        table = array("Q", bytes(16 * capacity))
-        mask = capacity - 1
-        for h, entry in entries.items():
-            if entry.__class__ is int:  # (nearly always: a tuple only where hashes collide)
-                i = h & mask
-                while table[2 * i + 1]:
-                    i = (i + 1) & mask
-                table[2 * i] = h
-                table[2 * i + 1] = entry + 1
-                continue
-            for offset in entry:  # type: ignore[union-attr]
-                i = h & mask
-                while table[2 * i + 1]:
-                    i = (i + 1) & mask
-                table[2 * i] = h
-                table[2 * i + 1] = offset + 1
+        table = _placed(entries, count, capacity) if count >= VECTOR_BUILD_MIN \
+            else _probed(entries, capacity)
         shared = cls(segment, capacity)
         shared.count = count
         INDEX_HEADER.pack_into(shared.mm, 0, capacity, count)

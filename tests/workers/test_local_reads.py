@@ -27,7 +27,7 @@ from tests.workers.test_record_store import (
     fragment_count,
     machine_settings,
 )
-from workers import record_store
+from workers import local_reads, record_store
 from workers.local_reads import LocalReadDirectory, SharedIndex, fence
 from workers.record_store import BLOCK_APPEND_MIN, RecordStore
 from workers.shm import list_segments, remove_segments
@@ -55,9 +55,12 @@ def serve_everything(directory: LocalReadDirectory, partition_count: int) -> Non
 # -- the shared index ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("vector_build_min", [0, local_reads.VECTOR_BUILD_MIN])
 @pytest.mark.parametrize("seed", range(20))
-def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(make_store,
-                                                                            seed) -> None:
+def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(
+        make_store, monkeypatch, seed, vector_build_min) -> None:
+    """(Built again from the model as it fills, by numpy or one entry at a time.)"""
+    monkeypatch.setattr(local_reads, "VECTOR_BUILD_MIN", vector_build_min)
     rng = random.Random(seed)
     store = make_store()
     hash_range = rng.choice([4, 64, 1 << 64])  # few values: long runs of colliding entries
@@ -89,6 +92,40 @@ def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(make
                 del model[h]
         assert {h: sorted(o) for h, o in index.entries().items()} == \
             {h: sorted(o) for h, o in model.items()}
+    index.segment.retire()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_index_built_in_bulk_reaches_every_entry_from_its_home(make_store, seed) -> None:
+    """Entries whose homes crowd the table's end (runs wrap around to its start), and
+    hashes shared by several records: each entry is found by probing from its home slot
+    before any empty slot, as a reader probes."""
+    rng = random.Random(seed)
+    count = rng.randrange(local_reads.VECTOR_BUILD_MIN, 3000)
+    capacity = local_reads._capacity_for(count)
+    high = rng.getrandbits(40) * capacity
+    entries: dict[int, int | tuple[int, ...]] = {}
+    offset = 0
+    while offset < count:
+        h = high + capacity - 1 - int(rng.expovariate(1 / 40)) % capacity  # near the end
+        together = min(count - offset, 2 if rng.random() < 0.05 else 1)
+        taken = tuple(range(offset, offset + together))
+        old = entries.get(h, ())
+        merged = (old if isinstance(old, tuple) else (old,)) + taken
+        entries[h] = merged[0] if len(merged) == 1 else merged
+        offset += together
+    index = SharedIndex.build(make_store().new_segment, entries, count)
+    assert index.capacity == capacity
+    model = {h: sorted((e,) if isinstance(e, int) else e) for h, e in entries.items()}
+    assert {h: sorted(o) for h, o in index.entries().items()} == model
+    table = {i: struct.unpack_from("<QQ", index.mm, 16 + 16 * i) for i in range(capacity)}
+    for h, offsets in model.items():
+        for offset in offsets:
+            i = h & (capacity - 1)
+            while table[i] != (h, offset + 1):
+                assert table[i][1], f"an empty slot before hash {h:#x} at {offset}"
+                i = (i + 1) & (capacity - 1)
+    assert any(table[i][1] for i in range(8))  # some run wrapped around
     index.segment.retire()
 
 

@@ -2,13 +2,16 @@
 
     python tools/bench_ab.py HEAD~1 --rounds 2 --seconds 3
     python tools/bench_ab.py HEAD~1 --instructions get      # the client's instructions per get
+    python tools/bench_ab.py HEAD~1 --spark 500000 --rounds 2   # tools/bench_spark.py instead
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
 code; the bench's client is that tree's too, or with ``--same-client`` the working tree's),
 and prints the mean of each operation's entries/s per tree and their ratio, and the
 members' CPU per entry and its ratio where both trees' bench gives it. Alternating spreads
-drift in the machine's speed over both sides.
+drift in the machine's speed over both sides. With ``--spark ROWS`` each run is instead
+that tree's ``tools/bench_spark.py`` (its connector, with one timed run of each operation)
+against that tree's cluster; its Parquet rows show the drift between runs.
 
 On a small shared virtual machine that drift can still be 20% from one minute to the next.
 ``--instructions OP`` counts instead what does not drift: the instructions the client process
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # operation, entries/s, p50 ms, p99 ms, calls, and the members' CPU µs per entry (newer trees)
 ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│"
                  r"\s*\d+\s*│(?:\s*([\d,.]+)\s*│)?")
+# tools/bench_spark.py: operation, rows/s (best), median s
+SPARK_ROW = re.compile(r"^((?:write|count|read)[^\n]*?)\s{2,}([\d,]+)\s+[\d.]+\s", re.M)
 INSTRUCTION_OPS = ("get", "put", "get_all", "put_all")
 # A client doing $AB_OPS operations of $AB_OP on cluster $AB_CLUSTER's map "ab" (20,000 keys,
 # 100-byte values, batches of 100), after 20 that open its links.
@@ -85,6 +90,24 @@ def run_once(tree: Path, seconds: float, clients: int, bench_args: list[str],
                    float(m[5].replace(",", "")) if m[5] else None) for m in ROW.finditer(out)}
 
 
+def run_spark_once(tree: Path, rows: int) -> dict[str, tuple[float, float, None]]:
+    """``tools/bench_spark.py`` of ``tree`` (its connector, its client) against a new
+    cluster run by ``tree``'s code: operation -> (rows/s, best run's seconds, None)."""
+    name = f"ab{uuid.uuid4().hex[:8]}"
+    shmgrid(tree, name, "start", "--detach")
+    try:
+        done = subprocess.run([sys.executable, str(tree / "tools" / "bench_spark.py"),
+                               "--rows", str(rows), "--repeat", "1", "--cluster-name", name],
+                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              capture_output=True, text=True, timeout=3600)
+    finally:
+        shmgrid(tree, name, "stop")
+    if done.returncode != 0:
+        raise SystemExit(f"bench_spark failed in {tree}:\n{done.stderr[-3000:]}")
+    return {m[1]: (float(m[2].replace(",", "")), rows / float(m[2].replace(",", "")), None)
+            for m in SPARK_ROW.finditer(done.stdout)}
+
+
 def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
     """Instructions a client of ``tree`` executes to make ``ops`` operations ``op`` (plus
     its start and 20 operations; None of them spin while they wait for a reply)."""
@@ -128,6 +151,9 @@ def main() -> int:
                         help="run the working tree's client (and bench) against both trees' "
                              "clusters: compares the members only, and lets the bench use "
                              "options the revision's bench lacks")
+    parser.add_argument("--spark", type=int, metavar="ROWS",
+                        help="run tools/bench_spark.py --rows ROWS instead (each tree's "
+                             "script, connector and cluster; needs the spark extra)")
     parser.add_argument("--instructions", choices=INSTRUCTION_OPS, metavar="OP",
                         help="count the client's instructions per OP instead "
                              f"({', '.join(INSTRUCTION_OPS)}; needs valgrind)")
@@ -150,7 +176,8 @@ def main() -> int:
                 for round_no in range(args.rounds):
                     for label, tree in (("base", base), ("tree", ROOT)):
                         print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
-                        runs[label].append(run_once(
+                        runs[label].append(run_spark_once(tree, args.spark) if args.spark
+                                           else run_once(
                             tree, args.seconds, args.clients,
                             ["--hash-tags"] if args.hash_tags else [],
                             ROOT if args.same_client else None))
@@ -179,11 +206,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{'operation':<16}{args.revision + ' /s':>16}{'tree /s':>14}{'ratio':>8}"
+    width = max(16, *(len(op) + 2 for op in result))
+    print(f"{'operation':<{width}}{args.revision + ' /s':>16}{'tree /s':>14}{'ratio':>8}"
           f"{'member CPU µs/entry':>28}{'ratio':>8}")
     for op, r in result.items():
         cpu = r.get("member_cpu_us")
-        print(f"{op:<16}{r['base']:>16,.0f}{r['tree']:>14,.0f}{r['ratio']:>7.2f}x"
+        print(f"{op:<{width}}{r['base']:>16,.0f}{r['tree']:>14,.0f}{r['ratio']:>7.2f}x"
               + (f"{cpu['base']:>15,.1f} -> {cpu['tree']:>9,.1f}{cpu['ratio']:>7.2f}x"
                  if cpu else f"{'-':>28}"))
     return 0

@@ -78,10 +78,10 @@ def _probed(entries: dict[int, int | tuple[int, ...]], capacity: int) -> array:
 
 
 def _placed(entries: dict[int, int | tuple[int, ...]], count: int, capacity: int) -> Any:
-    """The table ``_probed`` would make (the same entries, each reachable from its home slot
-    with no empty slot between), placed in bulk. Inserting the entries in order of home
-    slot, each lands at max(its home, the slot after the previous one's); those pushed past
-    the end wrap around to the first empty slots, in that order."""
+    """A table of the entries ``_probed`` takes, as valid (each reachable from its home slot
+    with no empty slot between; the slots may differ), placed in bulk. Inserted in order of
+    home slot, each entry lands at max(its home, the slot after the previous one's); those
+    pushed past the end wrap around to the first empty slots, in that order."""
     import numpy as np  # only members that build large shared indexes pay for the import
 
     try:

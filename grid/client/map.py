@@ -8,7 +8,7 @@ retries; batch methods send one message per owning member (in chunks of about
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,7 +292,7 @@ class Map:
         self._send_put_all(pieces, [pieces[pid][0] for pid in pieces], frame, partitions)
 
     def _send_put_all(self, by_pid: Mapping[int, Any], counts: list[int],
-                      frame: Any, partitions: set[int] | None) -> None:
+                      frame: Callable[[list[int]], bytes], partitions: set[int] | None) -> None:
         """One PUT_ALL per owner of the partitions in ``by_pid``, ``counts`` entries each
         (in its order), ``frame(group)`` the items of a group of partitions."""
         if partitions is not None:

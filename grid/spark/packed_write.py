@@ -20,13 +20,12 @@ value table), the same bytes are made column-wise instead:
 
 from __future__ import annotations
 
-import mmh3
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from grid.errors import ValueTooLargeError
-from grid.serialization import INT32_MIN, placement_bytes
+from grid.serialization import INT32_MIN, partition_id_of
 
 __all__ = ["PackedRows", "pack_rows", "packable", "murmur3_32"]
 
@@ -161,12 +160,12 @@ def _partition_ids(keys: pa.BinaryArray, partition_count: int) -> np.ndarray | N
     matrix = np.zeros((len(keys), width), np.uint8)
     matrix[np.arange(width) < lengths[:, None]] = data[offsets[0]:offsets[-1]]
     hashes = murmur3_32(matrix.view("<u4"), lengths)
+    hashes[hashes == INT32_MIN] = 0
+    pids = np.abs(hashes) % partition_count
     braced = np.flatnonzero((matrix == _BRACE).any(axis=1))
     for row in braced.tolist():  # a hash tag, maybe: place the key as the client does
-        key_bytes = keys[row].as_py()
-        hashes[row] = mmh3.hash(placement_bytes(key_bytes), 0, True)
-    hashes[hashes == INT32_MIN] = 0
-    return np.abs(hashes) % partition_count
+        pids[row] = partition_id_of(keys[row].as_py(), partition_count)
+    return pids
 
 
 def pack_rows(batch: pa.RecordBatch, key_index: int, value_index: int,

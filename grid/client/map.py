@@ -79,6 +79,9 @@ class Map:
         # Gets from the owners' shared memory (grid/client/local_reads.py), or None.
         self._local = local
         self._member_names: tuple[Any, dict[str, str]] = (None, {})
+        # (table, member list, each partition's (owner uuid, owner name) or None): a batch
+        # of local reads looks each key's owner up in one list, per table and member list
+        self._routes: tuple[Any, Any, list[tuple[str, str] | None]] = (None, None, [])
 
     @property
     def local_reads(self) -> bool:
@@ -358,28 +361,41 @@ class Map:
         """Put in ``result`` the (pid, key bytes, key) read from shared memory (one
         LocalReader call for all); return the ones to ask their owners for, and whether to
         ask them to publish the map."""
-        names = self._owner_names()
-        owners = self._invoker.table.owner  # type: ignore[union-attr]
+        routes = self._owner_routes()
         reads, readable, remote = [], [], []
         for item in wanted:
-            owner = owners(item[0])
-            name = names.get(owner) if owner is not None else None
-            if name is None:
+            route = routes[item[0]]
+            if route is None:
                 remote.append(item)
             else:
-                reads.append((item[0], owner, name, item[1]))
+                reads.append((item[0], route[0], route[1], item[1]))
                 readable.append(item)
         local = self._local
         values = local.get_many(self.name, reads)  # type: ignore[union-attr]
-        publish, now = False, time.monotonic()
-        for item, read, value in zip(readable, reads, values, strict=True):
+        publish = False
+        for item, value in zip(readable, values, strict=True):
             if value.__class__ is bytes:
                 result[item[2]] = deserialize_value(value)
             elif value is not None:
                 remote.append(item)
-                publish = publish or (value is UNPUBLISHED and local.should_ask_to_publish(  # type: ignore[union-attr]
-                    read[2], self.name, now))
+                if value is UNPUBLISHED and not publish:
+                    publish = local.should_ask_to_publish(  # type: ignore[union-attr]
+                        routes[item[0]][1], self.name, time.monotonic())  # type: ignore[index]
         return remote, publish
+
+    def _owner_routes(self) -> list[tuple[str, str] | None]:
+        """Each partition's owner (uuid, name) by the client's table and member list, None
+        where it has none or the member is not listed."""
+        invoker = self._invoker
+        table, members, routes = self._routes
+        if table is not invoker.table or members is not invoker.members:
+            table, names = invoker.table, self._owner_names()
+            routes = []
+            for owner in table.owners(range(table.partition_count)):  # type: ignore[union-attr]
+                name = names.get(owner) if owner is not None else None
+                routes.append(None if name is None else (owner, name))
+            self._routes = (table, invoker.members, routes)
+        return routes
 
     def scan_partitions(self, partition_ids: Sequence[int], batch_size: int = 10_000,
                         chunk_bytes: int = SCAN_CHUNK_BYTES) -> Iterator[tuple[list, list]]:

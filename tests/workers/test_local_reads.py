@@ -558,4 +558,4 @@ def test_the_reader_unmaps_segments_that_no_slot_points_at_any_more(published) -
     reader._next_sweep = 0.0  # the sweep's second has passed
     assert reader.get("m", b"x", 2, UUID, member) == b"y"
     assert not mapped & set(view.segments)
-    assert ("m", 1) not in view.pointing
+    assert 1 not in view.pointing["m"]

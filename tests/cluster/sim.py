@@ -272,9 +272,15 @@ class SimNetwork:
                                    f"does not own it")
                 if slots is None:
                     continue
-                seq, settled, _, _ = SLOT.unpack_from(slots.mm, SLOT.size * pid)
+                seq, settled, arena_1, _ = SLOT.unpack_from(slots.mm, SLOT.size * pid)
                 if not settled or seq & 1:
                     continue
+                fragment = node.store._partitions.get(pid, {}).get("m")
+                if fragment is not None and fragment.count and \
+                        (fragment.shared is None or not arena_1):
+                    self.violation(f"{node.name} serves partition {pid} to local readers "
+                                   f"with no shared index of its {fragment.count} records: "
+                                   f"they would read every key absent")
                 for key_bytes, value in node.store.items(pid, "m"):
                     seen = deserialize_value(value)
                     for uuid_ in self.newest_replicas(pid)[1:1 + self.config.backup_count]:

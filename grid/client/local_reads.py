@@ -128,6 +128,10 @@ class _MemberView:
         fragments[pid] = now
         return now
 
+    def forget(self, namespace: str, pid: int) -> None:
+        """Unmap what the slot pointed at when last read; the next read maps it afresh."""
+        self._leave(self.pointing.get(namespace, _NOTHING_MAPPED).pop(pid, None), ())
+
     def _leave(self, before: tuple[int, int, Any, Any] | None, kept: tuple[int, ...]) -> None:
         if before is not None:
             for number in before[:2]:
@@ -281,7 +285,11 @@ class LocalReader:
                         mapped = view.repoint(namespace, pid, arena_1, index_1)
                     result = read(mapped[2], mapped[3], *args)
                 except _READ_ERRORS:
-                    result = RETRY  # a segment retired meanwhile, or bytes being rewritten
+                    # A segment retired meanwhile, or bytes being rewritten; or a mapping
+                    # closed by the sweep of another slot that pointed at the same segment
+                    # (a fragment moved between maps): map them again on the next try.
+                    view.forget(namespace, pid)
+                    result = RETRY
                 if result is TOO_LARGE:
                     break
             if result is not RETRY and _U64.unpack_from(slots, base)[0] == seq:

@@ -559,3 +559,22 @@ def test_the_reader_unmaps_segments_that_no_slot_points_at_any_more(published) -
     assert reader.get("m", b"x", 2, UUID, member) == b"y"
     assert not mapped & set(view.segments)
     assert 1 not in view.pointing["m"]
+
+
+def test_a_fragment_moved_to_another_map_is_read_there_after_the_sweep(published) -> None:
+    """A fragment moved between maps (``replace_contents``) keeps its arena: the first map's
+    slot leaves it, the second's points at it. The sweep unmaps what the first map's slot
+    left, the arena among it, while the second map's reads still hold that mapping: they
+    must map it again, not miss for ever."""
+    store, reader, member = published
+    assert store.publish("n")
+    assert reader.get("m", b"k", 1, UUID, member) == b"v"
+    store.move_fragment(1, "m", "n")
+    store.settle(1, "m")
+    store.settle(1, "n")
+    reads = [(1, UUID, member, b"k")]
+    assert reader.get_many("n", reads) == [b"v"]
+    reader._next_sweep = 0.0
+    assert reader.get("m", b"k", 1, UUID, member) is None  # sweeps: "m" of 1 is empty now
+    assert reader.get_many("n", reads) == [b"v"]
+    assert reader.get("n", b"k", 1, UUID, member) == b"v"

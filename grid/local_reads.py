@@ -190,8 +190,8 @@ def probe(index: object, arena: object, h: int, key: bytes,
           _record=RECORD_HEADER.unpack_from) -> bytes | None | object:
     """The value of ``key`` (hash ``h``) in a fragment's shared index and arena, None when
     absent, or RETRY when what was read cannot be a state of the fragment (a write was under
-    way): the caller's seqlock check decides either way. (Every local get runs this: the
-    unpackers are bound as defaults, and the offsets folded, for a fifth less time.)"""
+    way): the caller's seqlock check decides either way. (Every local get runs this: its
+    unpackers are bound as defaults.)"""
     capacity = _capacity(index, 0)[0]
     if capacity == 0 or capacity & (capacity - 1):
         return RETRY

@@ -3,6 +3,7 @@
     python tools/bench_ab.py HEAD~1 --rounds 2 --seconds 3
     python tools/bench_ab.py HEAD~1 --instructions get      # the client's instructions per get
     python tools/bench_ab.py HEAD~1 --spark 500000 --rounds 2   # tools/bench_spark.py instead
+    python tools/bench_ab.py HEAD~1 --local-reads --rounds 4    # clients reading shared memory
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
@@ -12,6 +13,11 @@ members' CPU per entry and its ratio where both trees' bench gives it. Alternati
 drift in the machine's speed over both sides. With ``--spark ROWS`` each run is instead
 that tree's ``tools/bench_spark.py`` (its connector, with one timed run of each operation)
 against that tree's cluster; its Parquet rows show the drift between runs.
+
+With ``--local-reads`` each run is that tree's client reading from shared memory (a local
+get, a local get_all of 100 keys spread over partitions and of 100 keys of one hash tag; p50
+per call in ms), both trees' clients against one cluster run by the working tree: a local
+read sends no message, so only the client's code differs.
 
 On a small shared virtual machine that drift can still be 20% from one minute to the next.
 ``--instructions OP`` counts instead what does not drift: the instructions the client process
@@ -61,6 +67,46 @@ with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
            "fill": lambda i: None}[os.environ["AB_OP"]]
     for i in range(20 + int(os.environ["AB_OPS"])):
         run(i)
+"""
+
+# A client reading map "ab" of cluster $AB_CLUSTER from shared memory for $AB_SECONDS per
+# operation (with AB_OP=fill: writing its keys first, and nothing else); prints
+# {op: [entries/s, p50 ms]} and the share of reads answered from shared memory.
+LOCAL_CLIENT = """
+import json, os, time, grid
+seconds = float(os.environ["AB_SECONDS"])
+keys = [f"key-{i}" for i in range(20_000)]
+value = b"v" * 100
+batches = [keys[i:i + 100] for i in range(0, len(keys), 100)]
+tagged = [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
+with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
+    if os.environ["AB_OP"] == "fill":
+        m = client.get_map("ab")
+        for batch in batches + tagged:
+            m.put_all(dict.fromkeys(batch, value))
+        raise SystemExit(0)
+    local = client.get_map("ab", local_reads=True)
+    for _ in range(3):  # the first reads ask the owners to publish the map
+        for batch in batches:
+            local.get_all(batch)
+        time.sleep(0.3)
+    reader = local._local
+    hits, misses = reader.hits, reader.misses
+    ops = {"local get": (lambda i: local.get(keys[i % len(keys)]), 1),
+           "local get_all": (lambda i: local.get_all(batches[i % len(batches)]), 100),
+           "local get_all, one hash tag": (lambda i: local.get_all(tagged[i % len(tagged)]),
+                                           100)}
+    out = {}
+    for op, (call, per_call) in ops.items():
+        latencies = []
+        end = time.perf_counter() + seconds
+        while (started := time.perf_counter()) < end:
+            call(len(latencies))
+            latencies.append(time.perf_counter() - started)
+        latencies.sort()
+        out[op] = [len(latencies) * per_call / seconds, latencies[len(latencies) // 2] * 1e3]
+    hits, misses = reader.hits - hits, reader.misses - misses
+    print(json.dumps({"ops": out, "hit_share": hits / max(1, hits + misses)}))
 """
 
 
@@ -122,6 +168,37 @@ def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
     return int(found.group(1).replace(",", ""))
 
 
+def local_client(tree: Path, cluster: str, op: str, seconds: float) -> dict:
+    """``LOCAL_CLIENT`` run by ``tree``'s code: what it printed."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
+           "AB_SECONDS": str(seconds)}
+    done = subprocess.run([sys.executable, "-c", LOCAL_CLIENT], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"the local reads client failed in {tree}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1]) if op != "fill" else {}
+
+
+def compare_local_reads(base: Path, rounds: int, seconds: float
+                        ) -> dict[str, list[dict[str, tuple[float, float, None]]]]:
+    """Each tree's local reads, alternately, against one cluster of the working tree."""
+    name = f"ab{uuid.uuid4().hex[:8]}"
+    shmgrid(ROOT, name, "start", "--detach")
+    runs: dict[str, list[dict]] = {"base": [], "tree": []}
+    try:
+        local_client(ROOT, name, "fill", 0)
+        for round_no in range(rounds):
+            for label, tree in (("base", base), ("tree", ROOT)):
+                found = local_client(tree, name, "read", seconds)
+                print(f"round {round_no + 1}: {label}, {found['hit_share']:.2%} of reads "
+                      "answered from shared memory", file=sys.stderr, flush=True)
+                runs[label].append({op: (rate, p50, None)
+                                    for op, (rate, p50) in found["ops"].items()})
+    finally:
+        shmgrid(ROOT, name, "stop")
+    return runs
+
+
 def compare_instructions(base: Path, op: str, ops: int) -> dict[str, float]:
     """The client's instructions per ``op`` for each tree, against one cluster."""
     name = f"ab{uuid.uuid4().hex[:8]}"
@@ -157,6 +234,9 @@ def main() -> int:
     parser.add_argument("--instructions", choices=INSTRUCTION_OPS, metavar="OP",
                         help="count the client's instructions per OP instead "
                              f"({', '.join(INSTRUCTION_OPS)}; needs valgrind)")
+    parser.add_argument("--local-reads", action="store_true",
+                        help="compare the clients' reads from shared memory instead (both "
+                             "trees' clients against one cluster of the working tree)")
     parser.add_argument("--ops", type=int, default=None,
                         help="operations counted with --instructions (default 1000, "
                              "100 for batches)")
@@ -171,6 +251,8 @@ def main() -> int:
             if args.instructions:
                 ops = args.ops or (100 if args.instructions.endswith("_all") else 1000)
                 counted = compare_instructions(base, args.instructions, ops)
+            elif args.local_reads:
+                runs = compare_local_reads(base, args.rounds, args.seconds)
             else:
                 runs: dict[str, list[dict]] = {"base": [], "tree": []}
                 for round_no in range(args.rounds):

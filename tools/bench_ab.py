@@ -70,19 +70,23 @@ with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
 """
 
 # A client reading map "ab" of cluster $AB_CLUSTER from shared memory for $AB_SECONDS per
-# operation (with AB_OP=fill: writing its keys first, and nothing else); prints
-# {op: [entries/s, p50 ms]} and the share of reads answered from shared memory.
+# operation (with AB_OP=fill: writing its keys first, and nothing else), timed by the working
+# tree's tools/bench_ops.py; prints {op: [entries/s, p50 µs]} and the share of reads answered
+# from shared memory.
 LOCAL_CLIENT = """
-import json, os, time, grid
+import json, os, sys, time
+sys.path.insert(0, os.environ["AB_TOOLS"])
+import grid
+from bench_ops import BATCH, measure, tagged
 seconds = float(os.environ["AB_SECONDS"])
 keys = [f"key-{i}" for i in range(20_000)]
 value = b"v" * 100
-batches = [keys[i:i + 100] for i in range(0, len(keys), 100)]
-tagged = [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
+batches = [keys[i:i + BATCH] for i in range(0, len(keys), BATCH)]
+tags = tagged(batches)
 with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
     if os.environ["AB_OP"] == "fill":
         m = client.get_map("ab")
-        for batch in batches + tagged:
+        for batch in batches + tags:
             m.put_all(dict.fromkeys(batch, value))
         raise SystemExit(0)
     local = client.get_map("ab", local_reads=True)
@@ -92,19 +96,11 @@ with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
         time.sleep(0.3)
     reader = local._local
     hits, misses = reader.hits, reader.misses
-    ops = {"local get": (lambda i: local.get(keys[i % len(keys)]), 1),
-           "local get_all": (lambda i: local.get_all(batches[i % len(batches)]), 100),
-           "local get_all, one hash tag": (lambda i: local.get_all(tagged[i % len(tagged)]),
-                                           100)}
-    out = {}
-    for op, (call, per_call) in ops.items():
-        latencies = []
-        end = time.perf_counter() + seconds
-        while (started := time.perf_counter()) < end:
-            call(len(latencies))
-            latencies.append(time.perf_counter() - started)
-        latencies.sort()
-        out[op] = [len(latencies) * per_call / seconds, latencies[len(latencies) // 2] * 1e3]
+    out = {"local get": measure(lambda i: local.get(keys[i % len(keys)]), seconds, 1),
+           "local get_all": measure(lambda i: local.get_all(batches[i % len(batches)]),
+                                    seconds, BATCH),
+           "local get_all, one hash tag": measure(lambda i: local.get_all(tags[i % len(tags)]),
+                                                  seconds, BATCH)}
     hits, misses = reader.hits - hits, reader.misses - misses
     print(json.dumps({"ops": out, "hit_share": hits / max(1, hits + misses)}))
 """
@@ -171,7 +167,7 @@ def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
 def local_client(tree: Path, cluster: str, op: str, seconds: float) -> dict:
     """``LOCAL_CLIENT`` run by ``tree``'s code: what it printed."""
     env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
-           "AB_SECONDS": str(seconds)}
+           "AB_SECONDS": str(seconds), "AB_TOOLS": str(ROOT / "tools")}
     done = subprocess.run([sys.executable, "-c", LOCAL_CLIENT], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -192,8 +188,8 @@ def compare_local_reads(base: Path, rounds: int, seconds: float
                 found = local_client(tree, name, "read", seconds)
                 print(f"round {round_no + 1}: {label}, {found['hit_share']:.2%} of reads "
                       "answered from shared memory", file=sys.stderr, flush=True)
-                runs[label].append({op: (rate, p50, None)
-                                    for op, (rate, p50) in found["ops"].items()})
+                runs[label].append({op: (rate, p50_us / 1e3, None)
+                                    for op, (rate, p50_us) in found["ops"].items()})
     finally:
         shmgrid(ROOT, name, "stop")
     return runs

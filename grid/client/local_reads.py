@@ -229,9 +229,6 @@ class LocalReader:
                                        and monotonic() >= checked[2]):
                     checked = owners[owner_name] = self._owner_slots(namespace, owner_uuid,
                                                                      owner_name)
-                    if checked.__class__ is tuple:  # and the slots it read last
-                        checked = owners[owner_name] = (*checked, checked[0].pointing.get(
-                            namespace, _NOTHING_MAPPED))
                 if checked.__class__ is not tuple or checked[0].mm[_SERVED + pid] != 1:
                     self.misses += 1
                     append(UNPUBLISHED if checked is UNPUBLISHED else MISS)
@@ -239,7 +236,8 @@ class LocalReader:
                 slots = checked[1]
                 base = slot_size * pid
                 seq, settled, arena_1, index_1 = unpack_slot(slots, base)
-                mapped = checked[3].get(pid)
+                view = checked[0]
+                mapped = view.pointing.get(namespace, _NOTHING_MAPPED).get(pid)
                 if settled and not seq & 1 and mapped is not None and mapped[0] == arena_1 \
                         and mapped[1] == index_1:
                     try:
@@ -250,10 +248,8 @@ class LocalReader:
                         hits += 1
                         append(value)
                         continue
-                append(self._read_slot(checked[0], slots, namespace, pid, None, probe,
+                append(self._read_slot(view, slots, namespace, pid, None, probe,
                                        (key_hash(key), key)))
-                checked = owners[owner_name] = (*checked[:3], checked[0].pointing.get(
-                    namespace, _NOTHING_MAPPED))  # (repointed, perhaps: a new namespace)
             self.hits += hits
         return out
 

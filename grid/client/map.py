@@ -78,9 +78,9 @@ class Map:
         self._max_value_bytes = max_value_bytes
         # Gets from the owners' shared memory (grid/client/local_reads.py), or None.
         self._local = local
-        self._member_names: tuple[Any, dict[str, str]] = (None, {})
-        # (table, member list, each partition's (owner uuid, owner name) or None): a batch
-        # of local reads looks each key's owner up in one list, per table and member list
+        # (table, member list, each partition's (owner uuid, owner name) or None): a local
+        # read finds its owner (whose shared memory is named for it) in one list, made again
+        # when the table or the member list changes
         self._routes: tuple[Any, Any, list[tuple[str, str] | None]] = (None, None, [])
 
     @property
@@ -157,24 +157,15 @@ class Map:
         extra = {"publish": True} if publish else {}
         return self._value_of(self._key_op(p.GET, key, key_bytes=key_bytes, **extra))
 
-    def _owner_names(self) -> dict[str, str]:
-        """Member uuid -> name (a member's shared memory is named for it), per member list."""
-        invoker = self._invoker
-        members, names = self._member_names
-        if members is not invoker.members:
-            names = {m.uuid: m.name for m in invoker.members.members}
-            self._member_names = (invoker.members, names)
-        return names
-
     def _local_read(self, pid: int, key_bytes: bytes | None,
                     max_bytes: int | None = None, copy: bool = False) -> tuple[Any, bool]:
         """A local get of ``key_bytes``, or with None a local scan of the partition of at
         most ``max_bytes`` (see LocalReader; with ``copy`` its ``copy_fragment``), and
         whether to ask the owner to publish the map."""
-        owner = self._invoker.table.owner(pid)
-        name = self._owner_names().get(owner) if owner is not None else None
-        if name is None:
+        route = self._owner_routes()[pid]
+        if route is None:
             return MISS, False
+        owner, name = route
         local = self._local
         if key_bytes is not None:  # a get: the hot path, tested first
             value = local.get(self.name, key_bytes, pid, owner, name)  # type: ignore[union-attr]
@@ -389,12 +380,13 @@ class Map:
         invoker = self._invoker
         table, members, routes = self._routes
         if table is not invoker.table or members is not invoker.members:
-            table, names = invoker.table, self._owner_names()
+            table, members = invoker.table, invoker.members
+            names = {m.uuid: m.name for m in members.members}
             routes = []
             for owner in table.owners(range(table.partition_count)):  # type: ignore[union-attr]
                 name = names.get(owner) if owner is not None else None
                 routes.append(None if name is None else (owner, name))
-            self._routes = (table, invoker.members, routes)
+            self._routes = (table, members, routes)
         return routes
 
     def scan_partitions(self, partition_ids: Sequence[int], batch_size: int = 10_000,

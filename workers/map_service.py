@@ -115,7 +115,7 @@ class MapService:
         # is made after that attempt arrived: keep records that long.
         self.records = InvocationRecords(keep_s=self.config.invocation_timeout,
                                          max_records=MAX_INVOCATION_RECORDS)
-        self.order = ReplyOrder(on_idle=self._on_slot_idle)
+        self.order = ReplyOrder(on_idle=self._on_slots_idle)
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
         # Answers that wait for this member's lease, by id (a ticket is settled again often).
@@ -463,13 +463,14 @@ class MapService:
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
-        self.store.put_groups(ns, [(pid, groups[pid]) for pid in fresh])
+        if len(fresh) != len(groups):  # (else they are the same partitions)
+            groups = {pid: groups[pid] for pid in fresh}
+        self.store.put_groups(ns, list(groups.items()))
         # Its backup may answer a first attempt (a resend's ticket waits on earlier ones).
         client_id = header.get("cid")
         chain = [None, client_id, header.get("id")] \
             if client_id.__class__ is str and len(fresh) == len(owned) else None
-        self._replicate(ticket, ns, PUT_KIND, {pid: groups[pid] for pid in fresh},
-                        iid, False, chain=chain)
+        self._replicate(ticket, ns, PUT_KIND, groups, iid, False, chain=chain)
 
     def _on_clear(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
@@ -569,32 +570,40 @@ class MapService:
         ``chain`` ([pid, client id, request id] of a single-key write; [None, client id,
         request id] of a batch) lets the backup answer the client in our place, where
         grid/cluster/chain.py allows it: a batch only when one backup holds all of it."""
-        total = self.config.backup_count + self.config.async_backup_count
-        table = self.member.cluster.table
-        per_member: dict[tuple[str, bool], tuple[list, list]] = {}
+        sync_count = self.config.backup_count
+        async_count = self.config.async_backup_count
+        sync_end, async_end = 1 + sync_count, 1 + sync_count + async_count
+        rows, table_versions = self.member.cluster.table.live_rows()
+        pids = list(items_by_pid)
+        increment = self.versions.increment_many
+        vectors = increment(pids, ns, sync_count + async_count)
+        targets = [None] * len(pids) if target is None else \
+            increment(pids, target, sync_count + async_count)
+        sync_groups: dict[str, tuple[list, list]] = {}
+        async_groups: dict[str, tuple[list, list]] = {}
         journal = self.member.journal
         durable_wait = journal is not None and self.config.persistence_fsync == "always"
-        increment = self.versions.increment
-        written, waiting = ticket.written, ticket.waiting
+        waiting = ticket.waiting
+        ticket.written.update(pids)
         track = not self.ack_early
         # Every partition's synchronous backups, while each has one (the backup answers only
         # for all of the write; not an answer that says more than ok: "wrong" partitions).
         chain_to: set[str] | None = \
             set() if chain is not None and track and not any(ticket.fields.values()) else None
-        for pid, items in items_by_pid.items():  # (a batch of 100 keys has 80 partitions)
-            versions = increment(pid, ns, total)
-            target_versions = None if target is None else increment(pid, target, total)
-            part = [pid, versions, len(items), table.version(pid), iid, want_old,
+        # (A batch of 100 keys has 80 partitions: the table's rows are read in line.)
+        for pid, versions, target_versions in zip(pids, vectors, targets, strict=True):
+            items = items_by_pid[pid]
+            part = [pid, versions, len(items), table_versions[pid], iid, want_old,
                     target_versions]  # (the vectors are tuples: msgpack packs them as arrays)
-            written.add(pid)
-            sync, asynchronous = self._backup_targets(pid)
+            row = rows[pid]
+            sync = row[1:sync_end]
+            if None in sync:
+                sync = tuple(uuid for uuid in sync if uuid)
             if not sync:
                 ticket.needs_lease = True  # nobody else will hold it: we act alone
-            if chain_to is not None:
-                if sync:
-                    chain_to.update(sync)
-                else:
-                    chain_to = None
+                chain_to = None
+            elif chain_to is not None:
+                chain_to.update(sync)
             for uuid in sync:
                 if track:
                     pending = waiting.get(uuid)
@@ -602,16 +611,18 @@ class MapService:
                         waiting[uuid] = {pid}
                     else:
                         pending.add(pid)
-                group = per_member.get((uuid, True))
+                group = sync_groups.get(uuid)
                 if group is None:
-                    per_member[(uuid, True)] = ([part], list(items))
+                    sync_groups[uuid] = ([part], list(items))
                 else:
                     group[0].append(part)
                     group[1].extend(items)
-            for uuid in asynchronous:
-                group = per_member.setdefault((uuid, False), ([], []))
-                group[0].append(part)
-                group[1].extend(items)
+            if async_count:
+                for uuid in row[sync_end:async_end]:
+                    if uuid:
+                        group = async_groups.setdefault(uuid, ([], []))
+                        group[0].append(part)
+                        group[1].extend(items)
         if chain_to and owner_may_chain(len(chain_to), len(ticket.waiters), durable_wait):
             ticket.chained = True
         if iid is not None and items_by_pid:
@@ -622,19 +633,19 @@ class MapService:
             self.durable_waiting.append(ticket)
         self.order.enqueue(ticket)
         now = self.member.now()
-        for (uuid, is_sync), (parts, payload) in per_member.items():
+        for uuid, (parts, payload) in sync_groups.items():
             fields = {"ns": ns, "kind": kind, "parts": parts}
-            if is_sync and ticket.chained:
+            if ticket.chained:
                 fields["answer"] = chain
-            frames = [p.pack_items(payload)]
-            if is_sync:
-                op = self.streams.add(uuid, fields, frames, now)
-                if not self.ack_early:
-                    self.op_tickets[(uuid, op.seq)] = ticket
-                    self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
-            else:  # asynchronous: nobody waits, a lost one is for replica sync to repair
-                self.member.request_peer(uuid, p.BACKUP, fields, frames, lambda h, f: None,
-                                         timeout=self.config.heartbeat_timeout)
+            op = self.streams.add(uuid, fields, [p.pack_items(payload)], now)
+            if not self.ack_early:
+                self.op_tickets[(uuid, op.seq)] = ticket
+                self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
+        for uuid, (parts, payload) in async_groups.items():
+            # Asynchronous: nobody waits, a lost one is for replica sync to repair.
+            self.member.request_peer(uuid, p.BACKUP, {"ns": ns, "kind": kind, "parts": parts},
+                                     [p.pack_items(payload)], lambda h, f: None,
+                                     timeout=self.config.heartbeat_timeout)
         self._settle(ticket)
 
     def _send_backup(self, uuid: str, op: OutgoingOp) -> None:
@@ -811,6 +822,17 @@ class MapService:
         for pid in self.owned:
             self._on_slot_idle((pid, ns), check=True)
 
+    def _on_slots_idle(self, slots: list[Slot]) -> None:
+        """No answer about these slots waits any more (``_on_slot_idle``); only slots of a
+        published map have anything to settle (a batch of 100 keys leaves 80 idle)."""
+        local = self.store.local
+        if local is None:
+            return
+        published, owned = local.namespaces, self.owned
+        for pid, ns in slots:
+            if ns in published and pid in owned:
+                self.store.settle(pid, ns)
+
     def _on_slot_idle(self, slot: Slot, check: bool = False) -> None:
         """No answer about ``slot`` waits any more: what it holds is what a get answers
         (if we own it: a slot is settled only while its partition is ours)."""
@@ -950,34 +972,50 @@ class MapService:
         items = p.unpack_items(frames[0])
         if sum(part[2] for part in parts) != len(items):
             raise ProtocolError("backup counts do not match the payload")
-        table, me = self.member.cluster.table, self.member.info.uuid
+        rows, me = self.member.cluster.table.live_rows()[0], self.member.info.uuid
         now = self.member.now()
-        refused, at = [], 0
-        applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
-        answer, answered = header.get("answer"), False
-        applied_parts = 0
-        replicas = table.replicas
-        for pid, versions, count, _, iid, want_old, target_versions in parts:
-            chunk = items[at:at + count]
-            at += count
-            row = replicas(pid)
-            index = row.index(me) if me in row else -1  # (table.replica_index, inline)
+        if kind == SYNC_KIND:
+            return self._apply_sync_op(header, parts, items, rows, me), False
+        # The parts whose partition our table says we back up for the sender; the rest are
+        # refused. (A batch of 100 keys has 80 parts: rows are read in line.)
+        refused, taken, pids, indexes, vectors, chunks, at = [], [], [], [], [], [], 0
+        for part in parts:
+            pid, count = part[0], part[2]
+            row = rows[pid]
+            index = row.index(me) if me in row else -1
             if row[0] != sender or index <= 0:
                 refused.append(pid)
-                continue
-            if kind == SYNC_KIND:
-                self._apply_sync(pid, index, chunk, header["vectors"])
-                self.take_records(pid, header.get("records"))
-                self.member.syncs.requests.forget(pid)  # now a copy of the owner's
-                continue
-            if self.drop_backup_every:  # tests only: an operation lost, yet acknowledged
-                self._backup_parts_seen += 1
-                if self._backup_parts_seen % self.drop_backup_every == 0:
+            elif not self.drop_backup_every or self._keep_backup_part():
+                taken.append(part)
+                pids.append(pid)
+                indexes.append(index)
+                vectors.append(part[1])
+                chunks.append(items[at:at + count])
+            at += count
+        decisions = self.versions.apply_backups(ns, pids, indexes, vectors)
+        # In-sequence puts that need no old value go to the store in one call; the rest one
+        # by one.
+        pending_syncs = self.member.syncs.requests.pending
+        answer, answered = header.get("answer"), False
+        answer_pid = None if answer is None else answer[0]
+        groups: list[tuple[int, list[bytes]]] = []
+        applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
+        applied_parts = 0
+        in_sequence = BackupDecision.APPLY if kind == PUT_KIND else None
+        for part, index, chunk, decision in zip(taken, indexes, chunks, decisions,
+                                                 strict=True):
+            pid, versions, _, _, iid, want_old, target_versions = part
+            if decision is in_sequence and not want_old and pid != answer_pid \
+                    and target_versions is None and pid not in pending_syncs:
+                groups.append((pid, chunk))
+                old = None
+            else:
+                old = self._decided(decision, pid, index, ns, kind, chunk, versions,
+                                    target_versions)
+                if old is NOT_APPLIED:
                     continue
-            old = self._decide_and_apply(pid, index, ns, kind, chunk, versions,
-                                         target_versions)
-            if old is NOT_APPLIED:
-                continue
+                if pid == answer_pid:
+                    answered = self._answer_caller([pid], ns, answer[1], answer[2], old)
             applied_parts += 1
             if iid is not None:
                 done = applied.get(iid)
@@ -985,16 +1023,40 @@ class MapService:
                     applied[iid] = ([pid], old if want_old else None)
                 else:
                     done[0].append(pid)
-            if answer is not None and answer[0] == pid:
-                answered = self._answer_caller([pid], ns, answer[1], answer[2], old)
-        for iid, (pids, outcome) in applied.items():
-            self.records.record(iid, pids, outcome, now)
-        if answer is not None and answer[0] is None and \
+        if groups:
+            self.store.put_groups(ns, groups)
+        for iid, (applied_pids, outcome) in applied.items():
+            self.records.record(iid, applied_pids, outcome, now)
+        if answer is not None and answer_pid is None and \
                 backup_may_answer_batch(len(parts), applied_parts):
             # A batch: answered once every part of it was applied here, in sequence.
             answered = self._answer_caller([part[0] for part in parts], ns, answer[1],
                                            answer[2], None)
         return refused, answered
+
+    def _keep_backup_part(self) -> bool:
+        """Tests only (``drop_backup_every``): False for every n-th part, which is then lost
+        yet acknowledged."""
+        self._backup_parts_seen += 1
+        return self._backup_parts_seen % self.drop_backup_every != 0
+
+    def _apply_sync_op(self, header: dict[str, Any], parts: list[list[Any]],
+                       items: list[bytes], rows: Any, me: str) -> list[int]:
+        """A replica sync's parts: become a copy of the owner's partition; return the
+        partitions refused."""
+        refused, at = [], 0
+        for pid, _, count, *_ in parts:
+            chunk = items[at:at + count]
+            at += count
+            row = rows[pid]
+            index = row.index(me) if me in row else -1
+            if row[0] != header["from"] or index <= 0:
+                refused.append(pid)
+                continue
+            self._apply_sync(pid, index, chunk, header["vectors"])
+            self.take_records(pid, header.get("records"))
+            self.member.syncs.requests.forget(pid)  # now a copy of the owner's
+        return refused
 
     def _answer_caller(self, pids: list[int], ns: str, client_id: str, rid: Any,
                        old: bytes | None) -> bool:
@@ -1014,11 +1076,19 @@ class MapService:
     def _decide_and_apply(self, pid: int, index: int, ns: str, kind: str, chunk: list[bytes],
                           versions: list[int], target_versions: list[int] | None,
                           replay: bool = False) -> Any:
-        """Seed 004's backup rules: apply an operation newer than this replica's version and
-        take its versions, ignore an older one (a replica sync brought it already); a gap
-        or a dirty replica asks the owner for a replica sync. Returns what the operation
-        returned, or NOT_APPLIED."""
+        """Seed 004's backup rules for one operation (``_decided``). Returns what the
+        operation returned, or NOT_APPLIED."""
         decision = self.versions.apply_backup(pid, ns, index, versions)
+        return self._decided(decision, pid, index, ns, kind, chunk, versions, target_versions,
+                             replay)
+
+    def _decided(self, decision: BackupDecision, pid: int, index: int, ns: str, kind: str,
+                 chunk: list[bytes], versions: list[int], target_versions: list[int] | None,
+                 replay: bool = False) -> Any:
+        """Seed 004's backup rules, once the versions decided: apply an operation newer than
+        this replica's version (its versions are taken), ignore an older one (a replica
+        sync brought it already); a gap or a dirty replica asks the owner for a replica
+        sync. Returns what the operation returned, or NOT_APPLIED."""
         requests = self.member.syncs.requests
         in_sequence = decision is BackupDecision.APPLY  # (nearly always: no checks then)
         if not in_sequence and decision.request_sync:

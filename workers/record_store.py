@@ -208,9 +208,16 @@ class _Fragment:
         old = None
         offset = -1
         if entry is not None:
-            offset = self.locate(entry, key)
+            if entry.__class__ is int:  # (no colliding hash: nearly always; no call then)
+                record_key_size, old_value_size = _unpack_header(mm, entry)
+                start = entry + header_bytes
+                if record_key_size == key_size and mm[start : start + key_size] == key:
+                    offset = entry
+            else:
+                offset = self.locate(entry, key)
+                if offset >= 0:
+                    old_value_size = _unpack_header(mm, offset)[1]
             if offset >= 0:
-                old_value_size = _unpack_header(mm, offset)[1]
                 start = offset + header_bytes + key_size
                 old = mm[start : start + old_value_size]
                 if old_value_size == value_size and self.segment.pin_count == 0:
@@ -797,29 +804,35 @@ class RecordStore:
             keys, values = zip(*checked, strict=True)
             self._put_checked(pid, namespace, keys, values, record_bytes_sum)
 
-    def put_groups(self, namespace: str, groups: Iterable[tuple[int, list[bytes]]]) -> None:
+    def put_groups(self, namespace: str, groups: Sequence[tuple[int, list[bytes]]]) -> None:
         """``put_many`` over several partitions, each group's items flat bytes (key, value,
-        key, value, ..., as a batch message decodes them): a batch of 100 keys spans about 80
-        partitions, a pair or so each, so a group is checked whole, not pair by pair, where
-        it can be (a group whose bytes together fit in a record holds no record too large).
-        A too-large record fails the whole batch unchanged."""
-        limit = self._max_record_bytes - header_bytes
-        checked = []
-        for pid, items in groups:
+        key, value, ..., as a batch message decodes them). A batch of 100 keys spans about 80
+        partitions, a pair or so each, so the checks are made per batch where they can be:
+        a batch whose bytes together fit in a record holds no record too large. A too-large
+        record fails the whole batch unchanged."""
+        sizes = []
+        for _, items in groups:
+            if len(items) & 1:
+                raise ValueError("a group's items are keys and values in turn")
+            sizes.append(sum(map(len, items)))
+        if sum(sizes) + header_bytes > self._max_record_bytes:
+            limit = self._max_record_bytes - header_bytes
+            for (_, items), size in zip(groups, sizes, strict=True):
+                if size > limit:  # then look at its records one by one
+                    self._checked(zip(items[0::2], items[1::2], strict=True))
+        partitions, journal = self._partitions, self.journal
+        for (pid, items), size in zip(groups, sizes, strict=True):
             if not items:
                 continue
-            keys, values = items[0::2], items[1::2]
-            if len(keys) != len(values):
-                raise ValueError("a group's items are keys and values in turn")
-            size = sum(map(len, items))
-            if size > limit:
-                pairs, record_bytes_sum = self._checked(zip(keys, values, strict=True))
-                keys, values = zip(*pairs, strict=True)
-                checked.append((pid, keys, values, record_bytes_sum))
-            else:
-                checked.append((pid, keys, values, size + header_bytes * len(keys)))
-        for pid, keys, values, record_bytes_sum in checked:
-            self._put_checked(pid, namespace, keys, values, record_bytes_sum)
+            if len(items) == 2:  # one pair: most groups of a spread batch
+                fragment = partitions.get(pid, _NO_FRAGMENTS).get(namespace)
+                if fragment is not None and fragment.shared is None:
+                    fragment.put(items[0], items[1])
+                    if journal is not None:
+                        journal.put(pid, namespace, items[0], items[1])
+                    continue
+            self._put_checked(pid, namespace, items[0::2], items[1::2],
+                              size + header_bytes * (len(items) >> 1))
 
     def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
                  ) -> tuple[list[tuple[bytes, bytes]], int]:

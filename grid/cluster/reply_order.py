@@ -56,10 +56,11 @@ class Ticket:
 
 
 class ReplyOrder:
-    def __init__(self, on_idle: Callable[[Slot], None] | None = None) -> None:
+    def __init__(self, on_idle: Callable[[list[Slot]], None] | None = None) -> None:
         self._queues: dict[Slot, deque[Ticket]] = {}
-        # Told of each slot whose last waiting answer left: from then on, until the next
-        # write to it, what the slot holds is durable (local reads may answer from it).
+        # Told of the slots whose last waiting answer left (once a release, all of them):
+        # from then on, until the next write to one, what it holds is durable (local reads
+        # may answer from it).
         self._on_idle = on_idle
         # Tickets about no slot (a batch write naming no partition of ours): nothing to wait
         # behind, so they leave as soon as they are ready.
@@ -90,6 +91,7 @@ class ReplyOrder:
             self._free = [ticket for ticket in self._free if not ticket.ready]
         work = list(slots)
         queues = self._queues
+        idle: list[Slot] = []
         while work:
             queue = queues.get(work.pop())
             while queue:
@@ -101,11 +103,12 @@ class ReplyOrder:
                     q.popleft()
                     if not q:
                         del queues[slot]
-                        if self._on_idle is not None:
-                            self._on_idle(slot)
+                        idle.append(slot)
                     elif q is not queue:
                         work.append(slot)
                 out.append(ticket)
+        if idle and self._on_idle is not None:
+            self._on_idle(idle)
         return out
 
     def pending(self) -> Iterator[Ticket]:

@@ -9,10 +9,12 @@ API (one ``ReplicaVersions`` per member; all methods are pure state changes, no 
 
 - ``increment(pid, namespace, backup_count) -> tuple[int, ...]`` on the primary, for one
   operation with ``backup_count`` sync + async backups: raises the first ``backup_count``
-  entries and returns the vector the backup operations carry.
+  entries and returns the vector the backup operations carry; ``increment_many`` does so for
+  each partition of a batch.
 - ``apply_backup(pid, namespace, replica_index, versions) -> BackupDecision`` on a backup, for a
   received backup operation; the decision says whether to apply the operation
-  (``decision.apply``) and whether to send a replica sync request (``decision.request_sync``):
+  (``decision.apply``) and whether to send a replica sync request (``decision.request_sync``);
+  ``apply_backups`` decides for each part of a batch:
 
   ==============  =====================================================  =====  ====
   decision        when (v: carried version, known: ours, at our index)   apply  sync
@@ -44,7 +46,7 @@ API (one ``ReplicaVersions`` per member; all methods are pure state changes, no 
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from grid.partition.table import MAX_BACKUP_COUNT
 
@@ -155,14 +157,29 @@ class ReplicaVersions:
 
     def increment(self, pid: int, namespace: Hashable, backup_count: int) -> Versions:
         """On the primary: one operation with ``backup_count`` (sync + async) backups."""
+        return self.increment_many((pid,), namespace, backup_count)[0]
+
+    def increment_many(self, pids: Iterable[int], namespace: Hashable,
+                       backup_count: int) -> list[Versions]:
+        """``increment`` for each partition of a batch write, in order (one call for the 80
+        partitions of a batch of 100 keys)."""
         if backup_count.__class__ is not int or not 0 <= backup_count <= REPLICA_VERSION_COUNT:
             raise ReplicaVersionsError(
                 f"backup_count is in 0..{REPLICA_VERSION_COUNT}, got {backup_count!r}"
             )
-        entry = self._entry(pid, namespace)
-        for k in range(backup_count):
-            entry.versions[k] += 1
-        return tuple(entry.versions)
+        partitions = self._partitions
+        raised = range(backup_count)
+        vectors = []
+        for pid in pids:
+            namespaces = partitions.get(pid)
+            entry = None if namespaces is None else namespaces.get(namespace)
+            if entry is None:
+                entry = self._entry(pid, namespace)
+            versions = entry.versions
+            for k in raised:
+                versions[k] += 1
+            vectors.append(tuple(versions))
+        return vectors
 
     def _install(self, entry: _Entry, vector: Versions, replica_index: int) -> None:
         start = replica_index - 1
@@ -176,24 +193,51 @@ class ReplicaVersions:
         self, pid: int, namespace: Hashable, replica_index: int, versions: Sequence[int]
     ) -> BackupDecision:
         """On a backup at ``replica_index``: decide on a backup operation carrying ``versions``."""
-        if replica_index.__class__ is not int or not 1 <= replica_index <= REPLICA_VERSION_COUNT:
-            _check_replica_index(replica_index)  # raises
-        vector = _check_vector(versions)
-        namespaces = self._partitions.get(pid)
-        entry = None if namespaces is None else namespaces.get(namespace)
-        if entry is None:
-            entry = self._entry(pid, namespace)
-        known = entry.versions[replica_index - 1]
-        carried = vector[replica_index - 1]
-        if carried <= known:
-            return BackupDecision.STALE_DIRTY if entry.dirty else BackupDecision.STALE
-        self._install(entry, vector, replica_index)
-        if entry.dirty:
-            return BackupDecision.SYNC_AGAIN
-        if carried == known + 1:
-            return BackupDecision.APPLY
-        entry.dirty = True
-        return BackupDecision.APPLY_DIRTY
+        return self.apply_backups(namespace, (pid,), (replica_index,), (versions,))[0]
+
+    def apply_backups(
+        self, namespace: Hashable, pids: Sequence[int], replica_indexes: Sequence[int],
+        vectors: Sequence[Sequence[int]],
+    ) -> list[BackupDecision]:
+        """``apply_backup`` for each part of a batch backup operation (one partition each), in
+        order. Every replica index and vector is checked before any is taken: a malformed
+        one raises with nothing changed."""
+        for replica_index in replica_indexes:
+            if replica_index.__class__ is not int \
+                    or not 1 <= replica_index <= REPLICA_VERSION_COUNT:
+                _check_replica_index(replica_index)  # raises
+        for versions in vectors:
+            if len(versions) != REPLICA_VERSION_COUNT:
+                _check_vector(versions)  # raises
+            for version in versions:  # (the class test is cheaper, and refuses bool too)
+                if version.__class__ is not int or version < 0:
+                    _check_vector(versions)  # raises
+        partitions = self._partitions
+        decisions = []
+        decide = decisions.append
+        apply = BackupDecision.APPLY
+        for pid, replica_index, vector in zip(pids, replica_indexes, vectors, strict=True):
+            namespaces = partitions.get(pid)
+            entry = None if namespaces is None else namespaces.get(namespace)
+            if entry is None:
+                entry = self._entry(pid, namespace)
+            known = entry.versions[replica_index - 1]
+            carried = vector[replica_index - 1]
+            if carried <= known:
+                decide(BackupDecision.STALE_DIRTY if entry.dirty else BackupDecision.STALE)
+                continue
+            if replica_index == 1:  # the first backup, the one nearly every write has
+                entry.versions[:] = vector
+            else:
+                self._install(entry, vector, replica_index)
+            if entry.dirty:
+                decide(BackupDecision.SYNC_AGAIN)
+            elif carried == known + 1:
+                decide(apply)
+            else:
+                entry.dirty = True
+                decide(BackupDecision.APPLY_DIRTY)
+        return decisions
 
     def needs_sync(
         self, pid: int, namespace: Hashable, replica_index: int, primary_versions: Sequence[int]

@@ -206,3 +206,39 @@ def test_a_backup_that_sees_every_operation_in_order_stays_clean(backup_counts, 
         assert not backup.is_dirty(0, MAP)
         assert backup.get(0, MAP)[index - 1 :] == primary.get(0, MAP)[index - 1 :]
         assert not backup.needs_sync(0, MAP, index, primary.get(0, MAP))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6),
+                          st.lists(st.integers(0, 5), min_size=6, max_size=6)),
+                min_size=1, max_size=12),
+       st.lists(st.integers(0, 4), max_size=3))
+def test_a_batch_decides_as_its_parts_one_by_one(parts, dirty):
+    """``apply_backups`` gives each part the decision and the versions that ``apply_backup``
+    part by part gives (a batch has one part a partition: distinct partitions here), and
+    ``increment_many`` the vectors of ``increment`` one by one."""
+    parts = list({pid: (pid, index, vector) for pid, index, vector in parts}.values())
+    one_by_one, batch = ReplicaVersions(), ReplicaVersions()
+    for rv in (one_by_one, batch):
+        rv.increment_many(range(5), MAP, 2)
+        for pid in dirty:
+            rv.mark_dirty(pid, MAP)
+    expected = [one_by_one.apply_backup(pid, MAP, index, vector) for pid, index, vector in parts]
+    assert batch.apply_backups(MAP, *zip(*parts, strict=True)) == expected
+    assert [batch.get(pid, MAP) for pid in range(5)] == [one_by_one.get(pid, MAP)
+                                                         for pid in range(5)]
+    assert [batch.is_dirty(pid, MAP) for pid in range(5)] == [one_by_one.is_dirty(pid, MAP)
+                                                              for pid in range(5)]
+    assert batch.increment_many([3, 1, 4], OTHER, 3) == [one_by_one.increment(pid, OTHER, 3)
+                                                         for pid in (3, 1, 4)]
+
+
+@pytest.mark.parametrize("bad", [(1, 0, 0, 0, 0), (1, -1, 0, 0, 0, 0), (1, True, 0, 0, 0, 0),
+                                 (1, 0.5, 0, 0, 0, 0)])
+def test_a_batch_with_one_malformed_vector_changes_nothing(bad):
+    rv = ReplicaVersions()
+    with pytest.raises(ReplicaVersionsError):
+        rv.apply_backups(MAP, [0, 1, 2], [1, 1, 1], [(1, 0, 0, 0, 0, 0), bad, (1,) * 6])
+    with pytest.raises(ReplicaVersionsError):
+        rv.apply_backups(MAP, [0, 1], [1, 0], [(1, 0, 0, 0, 0, 0)] * 2)
+    assert [rv.get(pid, MAP) for pid in range(3)] == [(0,) * 6] * 3

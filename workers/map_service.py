@@ -673,8 +673,9 @@ class MapService:
         refused = set(header.get("refused") or ())
         waiting = ticket.waiting.get(uuid)
         if waiting is not None:
-            waiting.difference_update(part[0] for part in op.fields["parts"]
-                                      if part[0] not in refused)
+            waiting.difference_update([part[0] for part in op.fields["parts"]] if not refused
+                                      else [part[0] for part in op.fields["parts"]
+                                            if part[0] not in refused])
             if not waiting:
                 del ticket.waiting[uuid]
         if refused:
@@ -941,8 +942,8 @@ class MapService:
     def _behind(self, parts: list[list[Any]]) -> bool:
         """Whether our table is older than the owner's for a partition of the operation:
         then we cannot judge it yet."""
-        table = self.member.cluster.table
-        return any(table.version(part[0]) < part[3] for part in parts)
+        versions = self.member.cluster.table.live_rows()[1]  # (pids checked on arrival)
+        return any(versions[part[0]] < part[3] for part in parts)
 
     def _process_held(self) -> None:
         for sender, queue in list(self.inbox.held()):

@@ -390,14 +390,15 @@ class MapService:
     def _split(self, pids: list[int], write: bool) -> tuple[list[int], list[int]]:
         """The partitions served now: owned here, and not held by a migration (writes wait
         for one; reads too if migration_stale_read_disabled). The client sends the rest
-        again, as it does partitions that moved. One table call for all (a batch of 100
-        keys has 80 partitions)."""
+        again, as it does partitions that moved. ``pids`` are checked already: the table's
+        rows are read in line (a batch of 100 keys has 80 partitions)."""
         served, wrong = [], []
         me = self.member.info.uuid
         migrating = self.member.migrations.migrating \
             if write or self.config.migration_stale_read_disabled else None
-        for pid, owner in zip(pids, self.member.cluster.table.owners(pids), strict=True):
-            if owner == me and not (migrating and migrating(pid)):
+        rows = self.member.cluster.table.live_rows()[0]
+        for pid in pids:
+            if rows[pid][0] == me and not (migrating and migrating(pid)):
                 served.append(pid)
             else:
                 wrong.append(pid)
@@ -1025,7 +1026,11 @@ class MapService:
                 else:
                     done[0].append(pid)
         if groups:
-            self.store.put_groups(ns, groups)
+            try:
+                self.store.put_groups(ns, groups)
+            except BaseException:
+                self._unapplied(ns, [pid for pid, _ in groups])
+                raise
         for iid, (applied_pids, outcome) in applied.items():
             self.records.record(iid, applied_pids, outcome, now)
         if answer is not None and answer_pid is None and \
@@ -1034,6 +1039,13 @@ class MapService:
             answered = self._answer_caller([part[0] for part in parts], ns, answer[1],
                                            answer[2], None)
         return refused, answered
+
+    def _unapplied(self, ns: str, pids: list[int]) -> None:
+        """Backup operations whose versions were taken failed to apply (the store could not
+        grow, say): their replicas are marked for a replica sync. Else a resend would be
+        judged applied already, and the replicas would lack the writes for good."""
+        for pid in pids:
+            self.versions.mark_dirty(pid, ns)
 
     def _keep_backup_part(self) -> bool:
         """Tests only (``drop_backup_every``): False for every n-th part, which is then lost
@@ -1102,7 +1114,11 @@ class MapService:
                 requests.want(pid, (target,))
         if not in_sequence and not decision.apply:
             return NOT_APPLIED
-        old = self._apply_backup(pid, ns, kind, chunk)
+        try:
+            old = self._apply_backup(pid, ns, kind, chunk)
+        except BaseException:
+            self._unapplied(ns, [pid])
+            raise
         if not replay and pid in requests.pending:  # a sync request is out: its window
             keys = chunk[0::2] if kind == PUT_KIND else chunk if kind == REMOVE_KIND else None
             requests.record(pid, WindowOp(

@@ -139,8 +139,8 @@ class PartitionTable:
         return self._rows[pid][0]
 
     def owners(self, pids: Iterable[int]) -> list[str | None]:
-        """The owner of each partition of ``pids``, in order: one call for a batch (the
-        member's batch handlers ask this of about 80 partitions a batch)."""
+        """The owner of each partition of ``pids``, in order: one call for many (a client's
+        scan asks it of every partition)."""
         rows, count = self._rows, self._partition_count
         owners = []
         for pid in pids:

@@ -14,7 +14,7 @@ import pytest
 
 from grid import protocol as p
 from grid.serialization import partition_id_of, serialize_key, serialize_value
-from tests.cluster.sim import SimNetwork, SimNode, check_converged
+from tests.cluster.sim import SimNetwork, SimNode, check_converged, replicas_differing
 from tests.cluster.test_simulation import TIMEOUT_S
 
 pytestmark = pytest.mark.timeout(60)
@@ -343,3 +343,54 @@ def test_a_backup_with_a_malformed_part_is_refused_whole(make_cluster, bad):
     header, _ = probe.answer(good_rid)
     assert header["ok"] is True and not header.get("refused"), header
     assert backup.store.get(pid, "m", b"k") == b"v"
+
+
+@pytest.mark.parametrize("op", [p.PUT, p.PUT_ALL])
+def test_a_backup_that_fails_to_apply_a_write_is_synced_not_left_without_it(make_cluster, op):
+    """The backup takes an operation's versions, then its store fails to write it (it could
+    not grow, say). The owner sends the operation again; judged by its versions it was
+    applied already, so the backup must have marked the replica for a replica sync, or it
+    would lack the write for good (and its versions would say it has it). (The resend is
+    acknowledged as a dirty replica's stale operation is, before the sync has brought the
+    write: this checks that the write arrives, not when.)"""
+    net = make_cluster(seed=17, backup_count=1, nodes=3)
+    table = net.master().cluster.table
+    first, pid = key_where(net, lambda r: r[1] is not None)
+    row = table.replicas(pid)[:2]
+    second = next(key for key in (f"k{i}" for i in range(10_000))
+                  if (found := partition_id_of(serialize_key(key), table.partition_count))
+                  != pid and table.replicas(found)[:2] == row)
+    owner, backup = node_of(net, row[0]), node_of(net, row[1])
+    keys = [serialize_key(first), serialize_key(second)]
+    failures = []
+
+    def failing(method):
+        def fail_once(*args: Any) -> Any:
+            if not failures:
+                failures.append(args)
+                raise OSError("no room to grow (test)")
+            return method(*args)
+        return fail_once
+
+    probe = Probe(net)
+    if op == p.PUT:
+        backup.store.put = failing(backup.store.put)
+        rid = probe.send(owner, p.PUT, [keys[0], serialize_value(1)], ns="m", pid=pid,
+                         iid="w1")
+        written = {keys[0]: (pid, serialize_value(1))}
+    else:
+        backup.store.put_groups = failing(backup.store.put_groups)
+        pids = [pid, partition_id_of(keys[1], table.partition_count)]
+        assert pids[0] != pids[1]
+        rid = probe.send(owner, p.PUT_ALL, [p.pack_items([keys[0], serialize_value(1),
+                                                          keys[1], serialize_value(2)])],
+                         ns="m", pids=pids, counts=[1, 1], iid="b1")
+        written = {keys[0]: (pids[0], serialize_value(1)), keys[1]: (pids[1], serialize_value(2))}
+    net.run_until(net.time + 5.0)
+    assert failures, "the backup's store was asked to write"
+    answer = probe.answer(rid)
+    assert answer is not None and answer[0]["ok"], answer
+    for key, (key_pid, value) in written.items():
+        assert backup.store.get(key_pid, "m", key) == value, "the backup lacks the write"
+    assert not any(backup.maps.versions.is_dirty(key_pid, "m") for key_pid, _ in written.values())
+    assert replicas_differing(net) == [], net.log

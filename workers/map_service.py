@@ -132,6 +132,9 @@ class MapService:
         # operation is acknowledged but not applied, as if it had been lost.
         self.drop_backup_every = 0
         self._backup_parts_seen = 0
+        # Replicas (pid, namespace) whose backup operation failed to apply after its versions
+        # were taken: their next operations wait (unacknowledged) until a replica sync.
+        self.missing: set[Slot] = set()
         # Tests only (SHMGRID_TEST_ACK_EARLY=1): a broken owner that answers a write before
         # its backups have it, and sends them the operation only on the next retransmit.
         self.ack_early = False
@@ -936,6 +939,9 @@ class MapService:
         elif arrival == Arrival.HOLD or (arrival == Arrival.PROCESS and self._behind(parts)):
             self.inbox.hold(sender, seq, (ident, header, frames))
             self.member.cluster.ask_for_table()
+        elif arrival == Arrival.PROCESS and self.missing and \
+                self._awaits_sync(header["ns"], parts):
+            self.inbox.hold(sender, seq, (ident, header, frames))
         elif arrival == Arrival.PROCESS:
             self._process(sender, seq, ident, header, frames)
         # Arrival.GAP: dropped; the owner sends the missing one and this one again, in order.
@@ -946,11 +952,31 @@ class MapService:
         versions = self.member.cluster.table.live_rows()[1]  # (pids checked on arrival)
         return any(versions[part[0]] < part[3] for part in parts)
 
+    def _awaits_sync(self, ns: str, parts: list[list[Any]]) -> bool:
+        """Whether the operation writes a replica that failed to apply an earlier one and
+        has not been synced since (``_unapplied``): judged now, it would be taken for
+        applied, and acknowledged, before the sync brought that write here."""
+        missing = self.missing
+        if not missing:
+            return False
+        for part in parts:
+            slot = (part[0], ns)
+            if slot in missing:
+                if self.versions.is_dirty(*slot):
+                    return True
+                missing.discard(slot)  # synced (or given up) since
+        return False
+
+    def replica_synced(self) -> None:
+        """A replica sync was installed: judge the operations that waited for it."""
+        self._process_held()
+
     def _process_held(self) -> None:
         for sender, queue in list(self.inbox.held()):
             while queue:
                 ident, header, frames = queue[0].request
-                if self._behind(header["parts"]):
+                if self._behind(header["parts"]) or \
+                        self._awaits_sync(header["ns"], header["parts"]):
                     break
                 self._process(sender, queue.popleft().seq, ident, header, frames)
 
@@ -1042,10 +1068,15 @@ class MapService:
 
     def _unapplied(self, ns: str, pids: list[int]) -> None:
         """Backup operations whose versions were taken failed to apply (the store could not
-        grow, say): their replicas are marked for a replica sync. Else a resend would be
-        judged applied already, and the replicas would lack the writes for good."""
+        grow, say): their replicas are marked for a replica sync, asked for now, and their
+        next operations (the owner's resend first) wait for it. Else a resend would be
+        judged applied already, acknowledged, and the replicas would lack the writes for
+        good."""
+        requests = self.member.syncs.requests
         for pid in pids:
             self.versions.mark_dirty(pid, ns)
+            self.missing.add((pid, ns))
+            requests.want(pid, (ns,))
 
     def _keep_backup_part(self) -> bool:
         """Tests only (``drop_backup_every``): False for every n-th part, which is then lost

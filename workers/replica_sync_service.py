@@ -232,6 +232,7 @@ class ReplicaSyncService:
         log.info("partition %d: synced %s from its owner (%s)", pid, ", ".join(namespaces),
                  ", ".join(f"{ns}: {'all' if replaced[ns] is None else len(replaced[ns])}"
                            f"{'' if replaced[ns] is None else ' leaves'}" for ns in namespaces))
+        maps.replica_synced()  # operations held until this sync are judged now
 
     # -- the owner's answer ------------------------------------------------------------------
 

@@ -350,9 +350,8 @@ def test_a_backup_that_fails_to_apply_a_write_is_synced_not_left_without_it(make
     """The backup takes an operation's versions, then its store fails to write it (it could
     not grow, say). The owner sends the operation again; judged by its versions it was
     applied already, so the backup must have marked the replica for a replica sync, or it
-    would lack the write for good (and its versions would say it has it). (The resend is
-    acknowledged as a dirty replica's stale operation is, before the sync has brought the
-    write: this checks that the write arrives, not when.)"""
+    would lack the write for good (and its versions would say it has it). Nor may it
+    acknowledge the resend before that sync brought the write: the owner would answer."""
     net = make_cluster(seed=17, backup_count=1, nodes=3)
     table = net.master().cluster.table
     first, pid = key_where(net, lambda r: r[1] is not None)
@@ -386,11 +385,13 @@ def test_a_backup_that_fails_to_apply_a_write_is_synced_not_left_without_it(make
                                                           keys[1], serialize_value(2)])],
                          ns="m", pids=pids, counts=[1, 1], iid="b1")
         written = {keys[0]: (pids[0], serialize_value(1)), keys[1]: (pids[1], serialize_value(2))}
-    net.run_until(net.time + 5.0)
+    while probe.answer(rid) is None and net.time < 30:
+        net.run_until(net.time + 0.005)
     assert failures, "the backup's store was asked to write"
     answer = probe.answer(rid)
     assert answer is not None and answer[0]["ok"], answer
-    for key, (key_pid, value) in written.items():
-        assert backup.store.get(key_pid, "m", key) == value, "the backup lacks the write"
+    for key, (key_pid, value) in written.items():  # when the answer came
+        assert backup.store.get(key_pid, "m", key) == value, "answered; the backup lacks it"
+    net.run_until(net.time + 2.0)
     assert not any(backup.maps.versions.is_dirty(key_pid, "m") for key_pid, _ in written.values())
     assert replicas_differing(net) == [], net.log

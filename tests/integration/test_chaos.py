@@ -13,7 +13,7 @@ from workers.member import ACK_EARLY_ENV
 
 pytestmark = pytest.mark.timeout(300)
 
-RUN = ["chaos", "--duration", "16s", "--seed", "3", "--clients", "2", "--keys", "200",
+RUN = ["chaos", "--duration", "13s", "--seed", "3", "--clients", "2", "--keys", "200",
        "--faults", "kill=1,master-kill=1,pause=1", "--fault-interval", "3s",
        "--heartbeat-timeout", "2", "--json"]
 

@@ -939,8 +939,7 @@ class MapService:
         elif arrival == Arrival.HOLD or (arrival == Arrival.PROCESS and self._behind(parts)):
             self.inbox.hold(sender, seq, (ident, header, frames))
             self.member.cluster.ask_for_table()
-        elif arrival == Arrival.PROCESS and self.missing and \
-                self._awaits_sync(header["ns"], parts):
+        elif arrival == Arrival.PROCESS and self.missing and self._awaits_sync(header):
             self.inbox.hold(sender, seq, (ident, header, frames))
         elif arrival == Arrival.PROCESS:
             self._process(sender, seq, ident, header, frames)
@@ -952,19 +951,25 @@ class MapService:
         versions = self.member.cluster.table.live_rows()[1]  # (pids checked on arrival)
         return any(versions[part[0]] < part[3] for part in parts)
 
-    def _awaits_sync(self, ns: str, parts: list[list[Any]]) -> bool:
+    def _awaits_sync(self, header: dict[str, Any]) -> bool:
         """Whether the operation writes a replica that failed to apply an earlier one and
         has not been synced since (``_unapplied``): judged now, it would be taken for
-        applied, and acknowledged, before the sync brought that write here."""
+        applied, and acknowledged, before the sync brought that write here. Not a sync
+        itself (a new owner's brings what is missing), nor an operation of a sender our
+        table no longer names as the replica's owner (refused, not judged): neither may
+        hold up the sender's stream."""
         missing = self.missing
-        if not missing:
+        if not missing or header["kind"] == SYNC_KIND:
             return False
-        for part in parts:
+        ns, sender = header["ns"], header["from"]
+        rows, me = self.member.cluster.table.live_rows()[0], self.member.info.uuid
+        for part in header["parts"]:
             slot = (part[0], ns)
             if slot in missing:
-                if self.versions.is_dirty(*slot):
+                if not self.versions.is_dirty(*slot):
+                    missing.discard(slot)  # synced (or dropped) since
+                elif rows[part[0]][0] == sender and me in rows[part[0]]:
                     return True
-                missing.discard(slot)  # synced (or given up) since
         return False
 
     def replica_synced(self) -> None:
@@ -975,8 +980,7 @@ class MapService:
         for sender, queue in list(self.inbox.held()):
             while queue:
                 ident, header, frames = queue[0].request
-                if self._behind(header["parts"]) or \
-                        self._awaits_sync(header["ns"], header["parts"]):
+                if self._behind(header["parts"]) or self._awaits_sync(header):
                     break
                 self._process(sender, queue.popleft().seq, ident, header, frames)
 

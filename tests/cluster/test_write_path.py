@@ -395,3 +395,33 @@ def test_a_backup_that_fails_to_apply_a_write_is_synced_not_left_without_it(make
     net.run_until(net.time + 2.0)
     assert not any(backup.maps.versions.is_dirty(key_pid, "m") for key_pid, _ in written.values())
     assert replicas_differing(net) == [], net.log
+
+
+def test_a_backup_waiting_for_a_sync_takes_the_sync_of_a_new_owner(make_cluster):
+    """A backup's store fails to apply a write and its owner dies before answering the sync
+    it asked for: the partition's next owner syncs its backups through the same stream of
+    operations, and that sync (and the writes after it) must not wait behind the replica's
+    own wait for a sync."""
+    net = make_cluster(seed=18, backup_count=2, nodes=4)
+    key, pid = key_where(net, lambda r: r[2] is not None)
+    first_owner, heir, backup = (node_of(net, uuid) for uuid in
+                                 net.master().cluster.table.replicas(pid)[:3])
+    k = serialize_key(key)
+    put = backup.store.put
+
+    def fail_and_kill_the_owner(*args: Any) -> Any:
+        backup.store.put = put
+        net.kill(first_owner, "test: dies before it can answer the sync asked of it")
+        raise OSError("no room to grow (test)")
+
+    backup.store.put = fail_and_kill_the_owner
+    probe = Probe(net)
+    probe.send(first_owner, p.PUT, [k, serialize_value(1)], ns="m", pid=pid, iid="w1")
+    net.run_until(net.time + 3 * TIMEOUT_S)
+    assert owner_of(net, pid) is heir
+    rid = probe.send(heir, p.PUT, [k, serialize_value(2)], ns="m", pid=pid, iid="w2")
+    net.run_until(net.time + 2.0)
+    answer = probe.answer(rid)
+    assert answer is not None and answer[0]["ok"], answer
+    assert backup.store.get(pid, "m", k) == serialize_value(2)
+    assert replicas_differing(net) == [], net.log

@@ -841,9 +841,8 @@ class MapService:
     def _on_slot_idle(self, slot: Slot, check: bool = False) -> None:
         """No answer about ``slot`` waits any more: what it holds is what a get answers
         (if we own it: a slot is settled only while its partition is ours)."""
-        if slot[0] not in self.owned or (check and self.order.busy((slot,))):
-            return
-        self.store.settle(slot[0], slot[1])
+        if not (check and self.order.busy((slot,))):
+            self._on_slots_idle([slot])
 
     def publish_ownership(self) -> None:
         """Which partitions local readers may read here: those we own (by ``owned``; ready,

@@ -820,17 +820,12 @@ class RecordStore:
             for (_, items), size in zip(groups, sizes, strict=True):
                 if size > limit:  # then look at its records one by one
                     self._checked(zip(items[0::2], items[1::2], strict=True))
-        partitions, journal = self._partitions, self.journal
         for (pid, items), size in zip(groups, sizes, strict=True):
             if not items:
                 continue
-            if len(items) == 2:  # one pair: most groups of a spread batch
-                fragment = partitions.get(pid, _NO_FRAGMENTS).get(namespace)
-                if fragment is not None and fragment.shared is None:
-                    fragment.put(items[0], items[1])
-                    if journal is not None:
-                        journal.put(pid, namespace, items[0], items[1])
-                    continue
+            if len(items) == 2:  # one pair (most groups of a spread batch): a single put
+                self.put(pid, namespace, items[0], items[1])
+                continue
             self._put_checked(pid, namespace, items[0::2], items[1::2],
                               size + header_bytes * (len(items) >> 1))
 

@@ -425,3 +425,44 @@ def test_a_backup_waiting_for_a_sync_takes_the_sync_of_a_new_owner(make_cluster)
     assert answer is not None and answer[0]["ok"], answer
     assert backup.store.get(pid, "m", k) == serialize_value(2)
     assert replicas_differing(net) == [], net.log
+
+
+def test_a_backup_waiting_for_a_sync_is_not_stuck_when_its_owner_leaves(make_cluster):
+    """A backup's store fails to apply a write, and the owner leaves gracefully before the
+    sync the backup asked for: the partition moves to that backup. The write must be on
+    every replica when it is answered, on the new owner after the move, and the
+    partition's next write must be answered and on every replica (no wait left behind)."""
+    net = make_cluster(seed=19, backup_count=1, nodes=3)
+    key, pid = key_where(net, lambda r: r[1] is not None)
+    owner, backup = (node_of(net, uuid) for uuid in net.master().cluster.table.replicas(pid)[:2])
+    k = serialize_key(key)
+    put = backup.store.put
+
+    def fail_and_leave(*args: Any) -> Any:
+        backup.store.put = put
+        owner.cluster.request_leave()
+        raise OSError("no room to grow (test)")
+
+    backup.store.put = fail_and_leave
+    probe = Probe(net)
+    first = probe.send(owner, p.PUT, [k, serialize_value(1)], ns="m", pid=pid, iid="w1")
+    while probe.answer(first) is None and net.time < 30:
+        net.run_until(net.time + 0.005)
+    answer = probe.answer(first)
+    assert answer is not None and answer[0]["ok"], answer
+    for node in net.alive():  # when the answer came
+        if node.info.uuid in net.master().cluster.table.replicas(pid):
+            assert node.store.get(pid, "m", k) == serialize_value(1), "answered; it lacks it"
+    net.run_until(net.time + 3 * TIMEOUT_S)
+    assert owner not in net.alive(), "the owner left"
+    heir = owner_of(net, pid)
+    assert heir is backup, "the partition moved to the backup that waited for a sync"
+    assert heir.store.get(pid, "m", k) == serialize_value(1), "the answered write was lost"
+    rid = probe.send(heir, p.PUT, [k, serialize_value(2)], ns="m", pid=pid, iid="w2")
+    net.run_until(net.time + 2.0)
+    answer = probe.answer(rid)
+    assert answer is not None and answer[0]["ok"], answer
+    for node in net.alive():
+        if node.info.uuid in net.master().cluster.table.replicas(pid):
+            assert node.store.get(pid, "m", k) == serialize_value(2)
+    assert replicas_differing(net) == [], net.log

@@ -553,6 +553,28 @@ class StoreMachine(RuleBasedStateMachine):
         if pairs:
             self.fragment(pid, namespace).update(pairs)
 
+    @rule(pid=pids, namespace=namespaces, data=st.data())
+    def overwrite_batch(self, pid: int, namespace: str, data: st.DataObject) -> None:
+        """A batch of keys that are all present, with values of their old sizes (written in
+        place), sometimes with a key twice or one pair that is not such an overwrite, and
+        sometimes with the fragment's Merkle tree kept (the store's check compares it)."""
+        fragment = self.fragment(pid, namespace)
+        if len(fragment) < 8:  # first give it keys enough (a block append, if all are new)
+            added = [(b"fill-%d" % i, data.draw(st.binary(max_size=30))) for i in range(8)]
+            self.store.put_many(pid, namespace, added)
+            fragment.update(added)
+        keys = data.draw(st.lists(st.sampled_from(sorted(fragment)), min_size=8, max_size=20,
+                                  unique=data.draw(st.integers(0, 3)) > 0))
+        pairs = [(key, data.draw(st.binary(min_size=len(fragment[key]),
+                                           max_size=len(fragment[key])))) for key in keys]
+        if data.draw(st.booleans()):
+            self.store.tree(pid, namespace)
+        if data.draw(st.booleans()):
+            pairs.insert(data.draw(st.integers(0, len(pairs))),
+                         (data.draw(keys_small), data.draw(st.binary(max_size=60))))
+        self.store.put_many(pid, namespace, pairs)
+        fragment.update(pairs)
+
     @rule(
         namespace=namespaces,
         groups=st.dictionaries(pids, st.lists(st.tuples(keys_small, st.binary(max_size=60)),

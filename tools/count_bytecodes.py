@@ -41,6 +41,11 @@ import collections, json, os, signal, subprocess, sys, time, uuid
 from pathlib import Path
 import grid
 from grid.bytecode_count import COUNT_BYTECODES_ENV, BytecodeCounter, read_counts
+from grid.client import invocation
+
+# Counted members run many times slower: a batch can outlast the client's wait between two
+# looks for a dead member (psutil, thousands of bytecodes), which an uncounted run never makes.
+invocation.LIVENESS_CHECK_S = 60.0
 
 op, ops, folder = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 name = f"bytecodes{uuid.uuid4().hex[:8]}"

@@ -677,9 +677,8 @@ class MapService:
         refused = set(header.get("refused") or ())
         waiting = ticket.waiting.get(uuid)
         if waiting is not None:
-            waiting.difference_update([part[0] for part in op.fields["parts"]] if not refused
-                                      else [part[0] for part in op.fields["parts"]
-                                            if part[0] not in refused])
+            waiting.difference_update([part[0] for part in op.fields["parts"]
+                                       if part[0] not in refused])
             if not waiting:
                 del ticket.waiting[uuid]
         if refused:

@@ -226,10 +226,7 @@ class ReplicaVersions:
             if carried <= known:
                 decide(BackupDecision.STALE_DIRTY if entry.dirty else BackupDecision.STALE)
                 continue
-            if replica_index == 1:  # the first backup, the one nearly every write has
-                entry.versions[:] = vector
-            else:
-                self._install(entry, vector, replica_index)
+            self._install(entry, vector, replica_index)
             if entry.dirty:
                 decide(BackupDecision.SYNC_AGAIN)
             elif carried == known + 1:

@@ -14,13 +14,17 @@ be written together.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mmh3
 import msgpack
 
 from grid.errors import KeyNotSerializableError, ValueNotSerializableError
 
 _KEY_SCALARS = (str, bytes, int, float, bool)
+_STR_ONLY = {str}
 INT32_MIN = -(2**31)
+_hash32 = mmh3.hash  # MurmurHash3 x86 32, seed 0, signed (its defaults)
 
 
 def _check_key(key: object) -> None:
@@ -99,9 +103,33 @@ def partition_id_of(key_bytes: bytes, partition_count: int) -> int:
     by its hash tag if it has one."""
     if b"{" in key_bytes:
         key_bytes = placement_bytes(key_bytes)
-    h = mmh3.hash(key_bytes, 0, True)
+    h = _hash32(key_bytes)
     h = 0 if h == INT32_MIN else abs(h)
     return h % partition_count
+
+
+def serialize_keys(keys: Sequence[object]) -> list[bytes]:
+    """``serialize_key`` of each key; keys that are all str (the common batch) in one
+    C-level pass, without a Python call per key."""
+    if set(map(type, keys)) <= _STR_ONLY:
+        return list(map(msgpack.Packer().pack, keys))  # (a Packer per call: thread-safe)
+    return [serialize_key(key) for key in keys]
+
+
+def partition_ids_of(keys_bytes: Sequence[bytes], partition_count: int) -> list[int]:
+    """``partition_id_of`` of each serialized key, hashed in one C-level pass; only keys
+    with a ``{`` are placed again one by one, for their hash tag. (With ``serialize_keys``,
+    a get_all of 100 keys is placed in about 3/4 of the instructions of a loop of inline
+    calls; a ``map`` of ``int.__rmod__`` costs more than the comprehension below.)"""
+    hashes = list(map(_hash32, keys_bytes))
+    if INT32_MIN in hashes:
+        hashes = [0 if h == INT32_MIN else h for h in hashes]
+    pids = [abs(h) % partition_count for h in hashes]  # (fewer instructions than a map)
+    if b"{" in b"".join(keys_bytes):
+        for i, key_bytes in enumerate(keys_bytes):
+            if b"{" in key_bytes:
+                pids[i] = partition_id_of(key_bytes, partition_count)
+    return pids
 
 
 def decode_concatenated(payload: bytes, count: int) -> list:

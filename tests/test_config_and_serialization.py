@@ -4,15 +4,18 @@ import sys
 import mmh3
 import pytest
 
-from grid import errors
+from grid import errors, serialization
 from grid import protocol as p
 from grid.config import GridConfig
 from grid.serialization import (
+    INT32_MIN,
     decode_concatenated,
     deserialize_key,
     partition_id_of,
+    partition_ids_of,
     placement_bytes,
     serialize_key,
+    serialize_keys,
     serialize_value,
 )
 
@@ -85,6 +88,44 @@ def test_tagged_keys_share_one_partition_and_untagged_ones_spread():
     tagged = {partition_id_of(serialize_key(f"{{cart-7}}:item-{i}"), 271) for i in range(200)}
     plain = {partition_id_of(serialize_key(f"cart-7:item-{i}"), 271) for i in range(200)}
     assert len(tagged) == 1 and len(plain) > 100
+
+
+BATCH_KEYS = [
+    ["o1", "o2", "ü", "x" * 40],  # all str: the one-pass path
+    ["o1", 42, 3.5, True, b"raw", ("a", 1, (b"x", False)), "{t}1", b"{t}2", "x}{y}"],
+    [f"{{cart-{i % 3}}}:{i}" for i in range(30)] + ["plain", 123, "{}x", "{open"],
+    ["a" * 123, "b" * 300],  # str 8 and str 16 headers: 123 is the byte of "{"
+    [],
+]
+
+
+@pytest.mark.parametrize("keys", BATCH_KEYS)
+def test_a_batch_of_keys_serializes_and_places_as_its_keys_one_by_one(keys):
+    """The client's get_all places a batch in C-level passes; it must agree with the
+    single-key functions for every kind of key, tagged or not."""
+    keys_bytes = serialize_keys(keys)
+    assert keys_bytes == [serialize_key(key) for key in keys]
+    for count in (1, 7, 271):
+        assert partition_ids_of(keys_bytes, count) == [
+            partition_id_of(kb, count) for kb in keys_bytes]
+
+
+def test_a_batch_refuses_what_a_single_key_refuses():
+    with pytest.raises(errors.KeyNotSerializableError):
+        serialize_keys(["fine", [1, 2]])
+
+
+def test_a_batch_places_the_one_hash_made_non_negative_by_hand_as_a_single_key(monkeypatch):
+    """abs(INT32_MIN) is not an int32: such a hash places a key at 0 (the reference
+    client's rule), in a batch as for one key. No short key is known to hash to it, so the
+    hash is replaced for one key."""
+    keys_bytes = serialize_keys(["a", "b", "c"])
+    real = mmh3.hash
+    monkeypatch.setattr(serialization, "_hash32",
+                        lambda kb: INT32_MIN if kb == keys_bytes[1] else real(kb))
+    pids = partition_ids_of(keys_bytes, 271)
+    assert pids[1] == 0 == partition_id_of(keys_bytes[1], 271)
+    assert pids[0] == abs(real(keys_bytes[0])) % 271
 
 
 def test_same_partition_in_another_process():

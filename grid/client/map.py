@@ -8,8 +8,10 @@ retries; batch methods send one message per owning member (in chunks of about
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import mmh3
@@ -26,8 +28,10 @@ from grid.serialization import (
     decode_concatenated,
     deserialize_value,
     partition_id_of,
+    partition_ids_of,
     placement_bytes,
     serialize_key,
+    serialize_keys,
     serialize_value,
 )
 
@@ -306,36 +310,27 @@ class Map:
     def get_all(self, keys: Iterable[object]) -> dict[Any, Any]:
         """The present entries among ``keys``: one message per owning member (with local
         reads on, only for the keys that could not be read from shared memory)."""
-        count = self._partition_count
-        by_pid: dict[int, list[bytes]] = {}
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        keys_bytes = serialize_keys(keys)
+        pids = partition_ids_of(keys_bytes, self._partition_count)
         result: dict[Any, Any] = {}
-        local = self._local
         publish = False  # ask the owners to publish the map (a local read found it not)
-        pack = msgpack.Packer().pack  # the hot loop: serialize_key and partition_id_of inline
-        hash32 = mmh3.hash
-        wanted = []
-        for key in keys:
-            key_bytes = pack(key) if type(key) is str else serialize_key(key)
-            h = hash32(key_bytes if b"{" not in key_bytes else placement_bytes(key_bytes),
-                       0, True)
-            wanted.append(((0 if h == INT32_MIN else abs(h)) % count, key_bytes, key))
-        if local is not None:
-            wanted, publish = self._get_locally(wanted, result)
-        for pid, key_bytes, _ in wanted:
-            keys_of = by_pid.get(pid)
-            if keys_of is None:
-                by_pid[pid] = [key_bytes]
-            else:
-                keys_of.append(key_bytes)
+        if self._local is not None:
+            wanted, publish = self._get_locally(
+                list(zip(pids, keys_bytes, keys, strict=True)), result)
+            pids, keys_bytes = [item[0] for item in wanted], [item[1] for item in wanted]
+        by_pid: defaultdict[int, list[bytes]] = defaultdict(list)
+        for pid, key_bytes in zip(pids, keys_bytes, strict=True):
+            by_pid[pid].append(key_bytes)
         if not by_pid:
             return result
         extra = {"publish": True} if publish else {}
+        keys_of = by_pid.__getitem__
 
         def build(group: list[int]) -> tuple[dict, list]:
-            items = [k for pid in group for k in by_pid[pid]]
-            counts = [len(by_pid[pid]) for pid in group]
+            counts = list(map(len, map(keys_of, group)))
             return {"ns": self.name, "pids": group, "counts": counts, **extra}, \
-                [p.pack_items(items)]
+                [p.pack_items(list(chain.from_iterable(map(keys_of, group))))]
 
         def handle(group: list[int], header: dict, frames: list[bytes]) -> None:
             flat = decode_concatenated(frames[0], header.get("n", 0)) if frames else []

@@ -14,7 +14,9 @@ be written together.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from itertools import repeat
 
 import mmh3
 import msgpack
@@ -25,6 +27,9 @@ _KEY_SCALARS = (str, bytes, int, float, bool)
 _STR_ONLY = {str}
 INT32_MIN = -(2**31)
 _hash32 = mmh3.hash  # MurmurHash3 x86 32, seed 0, signed (its defaults)
+# A str key's hash tag: the leftmost match is at the first "{" (if no "}" follows that one,
+# none follows a later one either), and it ends at the first "}" after it.
+_TAG_SEARCH = re.compile(r"\{([^}]*)\}").search
 
 
 def _check_key(key: object) -> None:
@@ -108,23 +113,42 @@ def partition_id_of(key_bytes: bytes, partition_count: int) -> int:
     return h % partition_count
 
 
-def serialize_keys(keys: Sequence[object]) -> list[bytes]:
-    """``serialize_key`` of each key; keys that are all str (the common batch) in one
-    C-level pass, without a Python call per key."""
-    if set(map(type, keys)) <= _STR_ONLY:
-        return list(map(msgpack.Packer().pack, keys))  # (a Packer per call: thread-safe)
-    return [serialize_key(key) for key in keys]
-
-
 def partition_ids_of(keys_bytes: Sequence[bytes], partition_count: int) -> list[int]:
     """``partition_id_of`` of each serialized key, hashed in one C-level pass over the bytes
     that place each key (its hash tag where it has one: only keys with a ``{`` are looked
-    at one by one). (With ``serialize_keys``, a get_all of 100 keys is placed in about 3/4
-    of the instructions of a loop of inline calls; a ``map`` of ``int.__rmod__`` costs more
-    than the comprehension below.)"""
+    at one by one)."""
     if b"{" in b"".join(keys_bytes):
         keys_bytes = [placement_bytes(kb) if b"{" in kb else kb for kb in keys_bytes]
-    hashes = list(map(_hash32, keys_bytes))
+    return _non_negative_modulo(list(map(_hash32, keys_bytes)), partition_count)
+
+
+def place_keys(keys: Sequence[object], partition_count: int) -> tuple[list[bytes], list[int]]:
+    """``serialize_key`` and ``partition_id_of`` of each key of a batch. In a batch of str
+    keys the hash tags are found in the str by a regular expression, not by a Python call
+    per key, and a batch whose keys all begin with the same tag (``{user42}:cart``...: the
+    reason to tag keys that are read and written together) is placed by one hash
+    (``tools/bench_placement.py`` compares it with ``partition_ids_of``)."""
+    if not set(map(type, keys)) <= _STR_ONLY:
+        keys_bytes = [serialize_key(key) for key in keys]
+        return keys_bytes, partition_ids_of(keys_bytes, partition_count)
+    pack = msgpack.Packer().pack  # (a Packer per call: thread-safe)
+    keys_bytes = list(map(pack, keys))
+    if "{" not in "".join(keys):
+        return keys_bytes, _non_negative_modulo(list(map(_hash32, keys_bytes)),
+                                                partition_count)
+    first = _TAG_SEARCH(keys[0])
+    if first is not None and first.start() == 0 and first.end() > 2 \
+            and all(map(str.startswith, keys, repeat(first[0]))):
+        return keys_bytes, [partition_id_of(pack(first[1]), partition_count)] * len(keys)
+    placing = [key if tag is None else (tag[1] or key)
+               for key, tag in zip(keys, map(_TAG_SEARCH, keys), strict=True)]
+    return keys_bytes, _non_negative_modulo(list(map(_hash32, map(pack, placing))),
+                                            partition_count)
+
+
+def _non_negative_modulo(hashes: list[int], partition_count: int) -> list[int]:
+    """The partitions of signed 32-bit hashes (abs, INT32_MIN -> 0, as ``partition_id_of``).
+    (A ``map`` of ``int.__rmod__`` costs more than the comprehension.)"""
     if INT32_MIN in hashes:
         hashes = [0 if h == INT32_MIN else h for h in hashes]
     return [abs(h) % partition_count for h in hashes]

@@ -13,9 +13,9 @@ from grid.serialization import (
     deserialize_key,
     partition_id_of,
     partition_ids_of,
+    place_keys,
     placement_bytes,
     serialize_key,
-    serialize_keys,
     serialize_value,
 )
 
@@ -91,41 +91,54 @@ def test_tagged_keys_share_one_partition_and_untagged_ones_spread():
 
 
 BATCH_KEYS = [
-    ["o1", "o2", "ü", "x" * 40],  # all str: the one-pass path
+    ["o1", "o2", "ü", "x" * 40],  # all str, no tag: one hash pass
     ["o1", 42, 3.5, True, b"raw", ("a", 1, (b"x", False)), "{t}1", b"{t}2", "x}{y}"],
     [f"{{cart-{i % 3}}}:{i}" for i in range(30)] + ["plain", 123, "{}x", "{open"],
     ["a" * 123, "b" * 300],  # str 8 and str 16 headers: 123 is the byte of "{"
+    [f"{{user42}}:{i}" for i in range(50)],  # str keys that all begin with one tag
+    ["{user42}:a", "{user42}b", "{user42}"],  # ... of different shapes
+    ["{{a}x", "{{a}y"],  # a tag that holds a "{"
+    ["{a}x", "{a}y", "{b}z"],  # one key with another tag
+    ["{a}x", "{a", "{a}}"],  # one that begins with the tag's text but has none
+    ["{}x", "{}y"],  # an empty tag is none: the whole key places it
+    ["{a}x", "z{a}x", "z{b}", "z}{c}", "é{ü}", "z{}{d}", "plain", "{" + "t" * 40 + "}x"],
     [],
 ]
 
 
 @pytest.mark.parametrize("keys", BATCH_KEYS)
 def test_a_batch_of_keys_serializes_and_places_as_its_keys_one_by_one(keys):
-    """The client's get_all places a batch in C-level passes; it must agree with the
-    single-key functions for every kind of key, tagged or not."""
-    keys_bytes = serialize_keys(keys)
-    assert keys_bytes == [serialize_key(key) for key in keys]
+    """The client's get_all places a batch in C-level passes, and a batch of str keys by
+    their str; it must agree with the single-key functions for every kind of key, tagged
+    or not."""
+    keys_bytes = [serialize_key(key) for key in keys]
     for count in (1, 7, 271):
-        assert partition_ids_of(keys_bytes, count) == [
-            partition_id_of(kb, count) for kb in keys_bytes]
+        pids = [partition_id_of(kb, count) for kb in keys_bytes]
+        assert place_keys(keys, count) == (keys_bytes, pids)
+        assert partition_ids_of(keys_bytes, count) == pids
 
 
 def test_a_batch_refuses_what_a_single_key_refuses():
     with pytest.raises(errors.KeyNotSerializableError):
-        serialize_keys(["fine", [1, 2]])
+        place_keys(["fine", [1, 2]], 271)
 
 
-def test_a_batch_places_the_one_hash_made_non_negative_by_hand_as_a_single_key(monkeypatch):
+@pytest.mark.parametrize("keys", [["a", "b", "c"], ["{x}a", "{y}b", "{z}c"],
+                                  ["{x}a", "{x}b", "{x}c"]])
+def test_a_batch_places_the_one_hash_made_non_negative_by_hand_as_a_single_key(
+        monkeypatch, keys):
     """abs(INT32_MIN) is not an int32: such a hash places a key at 0 (the reference
-    client's rule), in a batch as for one key. No short key is known to hash to it, so the
-    hash is replaced for one key."""
-    keys_bytes = serialize_keys(["a", "b", "c"])
+    client's rule), in a batch as for one key, whatever path the batch takes. No short key
+    is known to hash to it, so the hash is replaced for one key's placement bytes."""
+    keys_bytes = [serialize_key(key) for key in keys]
+    placing = placement_bytes(keys_bytes[1])
     real = mmh3.hash
     monkeypatch.setattr(serialization, "_hash32",
-                        lambda kb: INT32_MIN if kb == keys_bytes[1] else real(kb))
-    pids = partition_ids_of(keys_bytes, 271)
+                        lambda kb: INT32_MIN if kb == placing else real(kb))
+    pids = place_keys(keys, 271)[1]
     assert pids[1] == 0 == partition_id_of(keys_bytes[1], 271)
-    assert pids[0] == abs(real(keys_bytes[0])) % 271
+    assert pids == partition_ids_of(keys_bytes, 271) == [
+        partition_id_of(kb, 271) for kb in keys_bytes]
 
 
 def test_same_partition_in_another_process():

@@ -28,10 +28,9 @@ from grid.serialization import (
     decode_concatenated,
     deserialize_value,
     partition_id_of,
-    partition_ids_of,
+    place_keys,
     placement_bytes,
     serialize_key,
-    serialize_keys,
     serialize_value,
 )
 
@@ -311,19 +310,22 @@ class Map:
         """The present entries among ``keys``: one message per owning member (with local
         reads on, only for the keys that could not be read from shared memory)."""
         keys = keys if isinstance(keys, list | tuple) else list(keys)
-        keys_bytes = serialize_keys(keys)
-        pids = partition_ids_of(keys_bytes, self._partition_count)
+        keys_bytes, pids = place_keys(keys, self._partition_count)
         result: dict[Any, Any] = {}
         publish = False  # ask the owners to publish the map (a local read found it not)
         if self._local is not None:
             wanted, publish = self._get_locally(
                 list(zip(pids, keys_bytes, keys, strict=True)), result)
             pids, keys_bytes = [item[0] for item in wanted], [item[1] for item in wanted]
-        by_pid: defaultdict[int, list[bytes]] = defaultdict(list)
-        for pid, key_bytes in zip(pids, keys_bytes, strict=True):
-            by_pid[pid].append(key_bytes)
-        if not by_pid:
+        if not pids:
             return result
+        by_pid: dict[int, list[bytes]]
+        if pids.count(pids[0]) == len(pids):  # one partition: a batch of one hash tag
+            by_pid = {pids[0]: keys_bytes}
+        else:
+            by_pid = defaultdict(list)
+            for pid, key_bytes in zip(pids, keys_bytes, strict=True):
+                by_pid[pid].append(key_bytes)
         extra = {"publish": True} if publish else {}
         keys_of = by_pid.__getitem__
 

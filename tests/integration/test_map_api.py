@@ -5,6 +5,7 @@ import pytest
 import grid
 from grid import errors
 from grid import protocol as p
+from grid.client.map import PLACE_SLICE
 from grid.serialization import partition_id_of, serialize_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,6 +194,23 @@ def test_connect_by_address(grid_cluster):
         grid.connect(grid_cluster.address, cluster_name="other")
 
 
+def test_put_all_takes_pairs_of_any_keys_beyond_a_slice(client, request):
+    """put_all places its pairs a slice at a time (str keys by their str, one hash for a
+    slice of one hash tag): every pair lands where get, which places a key by itself,
+    finds it, from a dict or an iterator, whatever the mix of keys."""
+    m = client.get_map(request.node.name)
+    mixed = {(f"{{t{i % 3}}}:{i}" if i % 2 else i if i % 5 else f"k{i}"): i
+             for i in range(2 * PLACE_SLICE + 10)}
+    one_tag = ((f"{{cart}}:{i}", -i) for i in range(PLACE_SLICE + 1))
+    m.put_all(mixed)
+    m.put_all(one_tag)
+    assert {key: m.get(key) for key in mixed} == mixed
+    assert m.size() == len(mixed) + PLACE_SLICE + 1
+    (keys, values), = m.scan_partitions([client.partition_id("cart")])
+    assert {k: v for k, v in zip(keys, values, strict=True) if str(k).startswith("{cart}")} \
+        == {f"{{cart}}:{i}": -i for i in range(PLACE_SLICE + 1)}
+
+
 def test_user_errors(client, grid_cluster, request):
     m = client.get_map(request.node.name)
     with pytest.raises(errors.KeyNotSerializableError):
@@ -201,6 +219,12 @@ def test_user_errors(client, grid_cluster, request):
         m.get({"a": 1})
     with pytest.raises(errors.ValueNotSerializableError):
         m.put("k", object())
+    with pytest.raises(errors.ValueNotSerializableError):
+        m.put_all({"k": 1, "k2": object()})
+    with pytest.raises(errors.KeyNotSerializableError):
+        m.put_all([("k", 1), (["a", "list"], 2)])
+    with pytest.raises(ValueError):
+        m.put_all([("k", 1), ("k2", 2, 3)])
     with grid.connect(cluster_name=grid_cluster.cluster_name,
                       config=grid.GridConfig(cluster_name=grid_cluster.cluster_name,
                                              max_value_bytes=1000)) as small:

@@ -49,12 +49,16 @@ ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*
 SPARK_ROW = re.compile(r"^((?:write|count|read)[^\n]*?)\s{2,}([\d,]+)\s+[\d.]+\s", re.M)
 INSTRUCTION_OPS = ("get", "put", "get_all", "put_all")
 # A client doing $AB_OPS operations of $AB_OP on cluster $AB_CLUSTER's map "ab" (20,000 keys,
-# 100-byte values, batches of 100), after 20 that open its links.
+# 100-byte values, batches of 100; with $AB_TAGS set, one hash tag a batch), after 20 that
+# open its links.
 CLIENT = """
 import os, grid
 keys = [f"key-{i}" for i in range(20_000)]
 value = b"v" * 100
 batches = [keys[i:i + 100] for i in range(0, len(keys), 100)]
+if os.environ.get("AB_TAGS"):
+    batches = [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
+    keys = [k for batch in batches for k in batch]
 with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
     m = client.get_map("ab")
     if os.environ["AB_OP"] == "fill":
@@ -150,11 +154,13 @@ def run_spark_once(tree: Path, rows: int) -> dict[str, tuple[float, float, None]
             for m in SPARK_ROW.finditer(done.stdout)}
 
 
-def client_instructions(tree: Path, cluster: str, op: str, ops: int) -> int:
+def client_instructions(tree: Path, cluster: str, op: str, ops: int,
+                        hash_tags: bool = False) -> int:
     """Instructions a client of ``tree`` executes to make ``ops`` operations ``op`` (plus
     its start and 20 operations; None of them spin while they wait for a reply)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
-           "AB_OPS": str(ops), "SHMGRID_CLIENT_BUSY_POLL_US": "0"}
+           "AB_OPS": str(ops), "SHMGRID_CLIENT_BUSY_POLL_US": "0",
+           "AB_TAGS": "1" if hash_tags else ""}
     done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
                            "--cachegrind-out-file=/dev/null", sys.executable, "-c", CLIENT],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
@@ -195,17 +201,18 @@ def compare_local_reads(base: Path, rounds: int, seconds: float
     return runs
 
 
-def compare_instructions(base: Path, op: str, ops: int) -> dict[str, float]:
+def compare_instructions(base: Path, op: str, ops: int, hash_tags: bool = False
+                         ) -> dict[str, float]:
     """The client's instructions per ``op`` for each tree, against one cluster."""
     name = f"ab{uuid.uuid4().hex[:8]}"
     shmgrid(ROOT, name, "start", "--detach")
     try:
-        client_instructions(ROOT, name, "fill", 0)
+        client_instructions(ROOT, name, "fill", 0, hash_tags)
         per_op = {}
         for label, tree in (("base", base), ("tree", ROOT)):
             print(f"counting {op} in {label}", file=sys.stderr, flush=True)
-            per_op[label] = (client_instructions(tree, name, op, ops)
-                             - client_instructions(tree, name, op, 0)) / ops
+            per_op[label] = (client_instructions(tree, name, op, ops, hash_tags)
+                             - client_instructions(tree, name, op, 0, hash_tags)) / ops
     finally:
         shmgrid(ROOT, name, "stop")
     return per_op
@@ -219,7 +226,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=1, help="client processes (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--hash-tags", action="store_true",
-                        help="bench batches of keys of one hash tag (shmgrid bench --hash-tags)")
+                        help="bench batches of keys of one hash tag (shmgrid bench --hash-tags;"
+                             " with --instructions, the client's batches too)")
     parser.add_argument("--same-client", action="store_true",
                         help="run the working tree's client (and bench) against both trees' "
                              "clusters: compares the members only, and lets the bench use "
@@ -246,7 +254,7 @@ def main() -> int:
         try:
             if args.instructions:
                 ops = args.ops or (100 if args.instructions.endswith("_all") else 1000)
-                counted = compare_instructions(base, args.instructions, ops)
+                counted = compare_instructions(base, args.instructions, ops, args.hash_tags)
             elif args.local_reads:
                 runs = compare_local_reads(base, args.rounds, args.seconds)
             else:

@@ -232,7 +232,7 @@ class Map:
         pairs = iter(entries.items() if isinstance(entries, Mapping) else entries)
         count = self._partition_count
         limit = self._max_value_bytes
-        pack = msgpack.Packer(use_bin_type=True).pack  # the hot loop: no helper calls
+        pack = msgpack.Packer(use_bin_type=True).pack  # (a Packer per call: thread-safe)
         chunk: dict[int, list[bytes]] = {}
         chunk_bytes = 0
         # Keys are placed a slice at a time (``place_keys``: one hash for a slice of one hash

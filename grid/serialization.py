@@ -132,18 +132,15 @@ def place_keys(keys: Sequence[object], partition_count: int) -> tuple[list[bytes
         keys_bytes = [serialize_key(key) for key in keys]
         return keys_bytes, partition_ids_of(keys_bytes, partition_count)
     pack = msgpack.Packer().pack  # (a Packer per call: thread-safe)
-    keys_bytes = list(map(pack, keys))
-    if "{" not in "".join(keys):
-        return keys_bytes, _non_negative_modulo(list(map(_hash32, keys_bytes)),
-                                                partition_count)
-    first = _TAG_SEARCH(keys[0])
-    if first is not None and first.start() == 0 and first.end() > 2 \
-            and all(map(str.startswith, keys, repeat(first[0]))):
-        return keys_bytes, [partition_id_of(pack(first[1]), partition_count)] * len(keys)
-    placing = [key if tag is None else (tag[1] or key)
-               for key, tag in zip(keys, map(_TAG_SEARCH, keys), strict=True)]
-    return keys_bytes, _non_negative_modulo(list(map(_hash32, map(pack, placing))),
-                                            partition_count)
+    keys_bytes = placing = list(map(pack, keys))
+    if "{" in "".join(keys):
+        first = _TAG_SEARCH(keys[0])
+        if first is not None and first.start() == 0 and first.end() > 2 \
+                and all(map(str.startswith, keys, repeat(first[0]))):
+            return keys_bytes, [partition_id_of(pack(first[1]), partition_count)] * len(keys)
+        placing = list(map(pack, [key if tag is None else (tag[1] or key) for key, tag
+                                  in zip(keys, map(_TAG_SEARCH, keys), strict=True)]))
+    return keys_bytes, _non_negative_modulo(list(map(_hash32, placing)), partition_count)
 
 
 def _non_negative_modulo(hashes: list[int], partition_count: int) -> list[int]:

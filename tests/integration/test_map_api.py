@@ -201,11 +201,14 @@ def test_put_all_takes_pairs_of_any_keys_beyond_a_slice(client, request):
     m = client.get_map(request.node.name)
     mixed = {(f"{{t{i % 3}}}:{i}" if i % 2 else i if i % 5 else f"k{i}"): i
              for i in range(2 * PLACE_SLICE + 10)}
+    tagged = {(f"{{s{i % 3}}}:{i}" if i % 2 else f"x{{s}}{i}" if i % 5 else f"s{i}"): i
+              for i in range(PLACE_SLICE + 10)}  # str keys only: tags found in the str
     one_tag = ((f"{{cart}}:{i}", -i) for i in range(PLACE_SLICE + 1))
     m.put_all(mixed)
+    m.put_all(tagged)
     m.put_all(one_tag)
-    assert {key: m.get(key) for key in mixed} == mixed
-    assert m.size() == len(mixed) + PLACE_SLICE + 1
+    assert {key: m.get(key) for key in [*mixed, *tagged]} == {**mixed, **tagged}
+    assert m.size() == len(mixed) + len(tagged) + PLACE_SLICE + 1
     (keys, values), = m.scan_partitions([client.partition_id("cart")])
     assert {k: v for k, v in zip(keys, values, strict=True) if str(k).startswith("{cart}")} \
         == {f"{{cart}}:{i}": -i for i in range(PLACE_SLICE + 1)}

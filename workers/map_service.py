@@ -429,6 +429,8 @@ class MapService:
             at = end
         if at != len(items):
             raise ProtocolError("batch counts do not match the payload")
+        if len(groups) != len(pids):  # (the later group would have taken the earlier's place)
+            raise ProtocolError("a batch names a partition twice")
         return groups
 
     def _partition_write(self, ident: bytes, header: dict[str, Any], ns: str,

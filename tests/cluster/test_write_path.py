@@ -311,6 +311,8 @@ BAD_PARTS = [
     lambda good: [*good[:2], "2", *good[3:]],
     lambda good: [*good[:3], "1", *good[4:]],
     lambda good: [*good[:4], 5, *good[5:]],
+    lambda good: [good[0], [True, *good[1][1:]], *good[2:]],
+    lambda good: [good[0], [-1, *good[1][1:]], *good[2:]],
 ]
 
 

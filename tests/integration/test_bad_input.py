@@ -49,6 +49,8 @@ GARBAGE = [
      msgpack.packb([b"k", b"v"])],
     [_header(op="get_all", id=25, ns="m", pids=[True], counts=[1]), msgpack.packb([b"k"])],
     [_header(op="get_all", id=26, ns="m", pids=[0], counts=[True]), msgpack.packb([b"k"])],
+    [_header(op="put_all", id=27, ns="m", pids=[2, 2], counts=[1, 1]),
+     msgpack.packb([b"k", b"v", b"k2", b"v2"])],
 ]
 
 

@@ -259,3 +259,12 @@ def test_a_batch_with_one_malformed_vector_changes_nothing(bad):
     with pytest.raises(ReplicaVersionsError):
         rv.apply_backups(MAP, [0, 1], [1, 0], [(1, 0, 0, 0, 0, 0)] * 2)
     assert [rv.get(pid, MAP) for pid in range(3)] == [(0,) * 6] * 3
+
+
+@pytest.mark.parametrize("bad", [0, 7, -1, True, 1.0, None])
+def test_a_batch_with_one_malformed_replica_index_changes_nothing(bad):
+    rv = ReplicaVersions()
+    with pytest.raises(ReplicaVersionsError):
+        rv.apply_backups(MAP, range(40), [1] * 23 + [bad] + [2] * 16, [(1,) * 6] * 40)
+    assert [rv.get(pid, MAP) for pid in range(40)] == [(0,) * 6] * 40
+    assert rv.apply_backups(MAP, [], [], []) == []

@@ -8,7 +8,11 @@ shmgrid: 3 members, backup 1, through the public API. Redis Cluster (with --redi
 with one replica each, started here on loopback from `redis-server` (Debian's redis-server
 package), driven by redis-py (`pip install shmgrid[bench]`). 100-byte values; each workload
 runs for --seconds; entries/s and the p50 latency of a call are printed, and with --redis the
-ratio shmgrid / Redis.
+ratio shmgrid / Redis. With --redis the two sides of each row take turns (--rounds of each,
+the side that goes first alternating), so that a ratio compares the same minutes of the
+machine: on a shared virtual machine a rate drifts by half from one minute to the next, and
+run one after the other, the two sides of a row were a minute apart. The last column gives
+the lowest and highest ratio of the row's turns.
 
 The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1) and the
 same against a plain SET (no replica wait); batches of 100 writes and reads (Redis: the
@@ -26,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -56,77 +60,108 @@ def tagged(batches: list[list[str]]) -> list[list[str]]:
     return [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
 
 
+class Meter:
+    """The calls of one workload over one or more stretches of time: entries/s over all of
+    them, the p50 latency of a call, and each stretch's own rate."""
+
+    def __init__(self, fn: Callable[[int], object], per_call: int) -> None:
+        self.fn, self.per_call = fn, per_call
+        self.calls, self.elapsed = 0, 0.0
+        self.latencies: list[float] = []
+        self.stretch_rates: list[float] = []
+
+    def run(self, seconds: float) -> None:
+        fn, latencies = self.fn, self.latencies
+        i = self.calls  # (the keys go on where the last stretch left them)
+        start = time.perf_counter()
+        end = start + seconds
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= end:
+                break
+            fn(i)
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+        self.stretch_rates.append((i - self.calls) * self.per_call / (t0 - start))
+        self.calls, self.elapsed = i, self.elapsed + t0 - start
+
+    @property
+    def rate(self) -> float:
+        return self.calls * self.per_call / self.elapsed
+
+    @property
+    def p50(self) -> float:
+        return sorted(self.latencies)[len(self.latencies) // 2] * 1e6
+
+
 def measure(fn: Callable[[int], object], seconds: float, per_call: int) -> tuple[float, float]:
     """(entries per second, p50 latency of a call in µs), over ``seconds``."""
-    latencies = []
-    i = 0
-    end = time.perf_counter() + seconds
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= end:
-            break
-        fn(i)
-        latencies.append(time.perf_counter() - t0)
-        i += 1
-    latencies.sort()
-    return i * per_call / seconds, latencies[len(latencies) // 2] * 1e6
+    meter = Meter(fn, per_call)
+    meter.run(seconds)
+    return meter.rate, meter.p50
 
 
-def grid_rows(cluster_name: str, keys: list[str], value: bytes, seconds: float
-              ) -> dict[str, tuple[float, float]]:
+Workloads = dict[str, tuple[Callable[[int], object], int]]  # name: (call, entries a call)
+# shmgrid's workloads that need the map published for local reads; a published map stays
+# published, so they run after the others.
+PUBLISHED = {"get, local reads", "get_all, local reads", "get_all, one hash tag, local reads",
+             "put, published", "put_all, published"}
+
+
+@contextmanager
+def grid_workloads(cluster_name: str, keys: list[str], value: bytes
+                   ) -> Iterator[tuple[Workloads, Callable[[], None]]]:
+    """shmgrid's workloads, on a map filled with ``keys`` (and their tagged twins), and the
+    call that publishes the map for local reads."""
     import grid
 
     batches = [keys[i:i + BATCH] for i in range(0, len(keys), BATCH)]
     tags = tagged(batches)
+    n, b = len(keys), len(batches)
     with grid.connect(cluster_name=cluster_name) as client:
         m = client.get_map("bench_ops")
         m.put_all({k: value for k in keys})
         m.put_all({k: value for batch in tags for k in batch})
-        n, b = len(keys), len(batches)
-        rows = {
-            "get": measure(lambda i: m.get(keys[i % n]), seconds, 1),
-            "put": measure(lambda i: m.put(keys[i % n], value), seconds, 1),
-            "put_all": measure(lambda i: m.put_all(dict.fromkeys(batches[i % b], value)),
-                               seconds, BATCH),
-            "get_all": measure(lambda i: m.get_all(batches[i % b]), seconds, BATCH),
-            "put_all, one hash tag": measure(
-                lambda i: m.put_all(dict.fromkeys(tags[i % b], value)), seconds, BATCH),
-            "get_all, one hash tag": measure(lambda i: m.get_all(tags[i % b]), seconds, BATCH),
-        }
-        # Last: a published map stays published, and its writes keep the shared index.
-        rows["get, local reads"] = local_get_row(client, keys, seconds)
         local = client.get_map("bench_ops", local_reads=True)
-        rows["get_all, local reads"] = measure(lambda i: local.get_all(batches[i % b]),
-                                               seconds, BATCH)
-        rows["get_all, one hash tag, local reads"] = measure(
-            lambda i: local.get_all(tags[i % b]), seconds, BATCH)
-        rows["put, published"] = measure(lambda i: m.put(keys[i % n], value), seconds, 1)
-        rows["put_all, published"] = measure(
-            lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), seconds, BATCH)
-        m.clear()
-    return rows
+        put_all = (lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), BATCH)
+        workloads: Workloads = {
+            "get": (lambda i: m.get(keys[i % n]), 1),
+            "put": (lambda i: m.put(keys[i % n], value), 1),
+            "put_all": put_all,
+            "get_all": (lambda i: m.get_all(batches[i % b]), BATCH),
+            "put_all, one hash tag": (lambda i: m.put_all(dict.fromkeys(tags[i % b], value)),
+                                      BATCH),
+            "get_all, one hash tag": (lambda i: m.get_all(tags[i % b]), BATCH),
+            "get, local reads": (lambda i: local.get(keys[i % n]), 1),
+            "get_all, local reads": (lambda i: local.get_all(batches[i % b]), BATCH),
+            "get_all, one hash tag, local reads": (lambda i: local.get_all(tags[i % b]), BATCH),
+            "put, published": (lambda i: m.put(keys[i % n], value), 1),
+            "put_all, published": put_all,
+        }
+        reader = local._local
+        counted = [0, 0]
 
+        def publish() -> None:
+            """Gets through ``local`` until every owner has published the map (its first get
+            from each owner asks it to)."""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                hits = reader.hits
+                for key in keys[:2000]:
+                    local.get(key)
+                if reader.hits - hits == min(2000, len(keys)):
+                    break
+                time.sleep(0.1)
+            counted[:] = [reader.hits, reader.misses]
 
-def local_get_row(client: object, keys: list[str], seconds: float) -> tuple[float, float]:
-    """Gets from the owners' shared memory (``local_reads=True``), once every owner has
-    published the map (its first get from each owner asks it to); prints the share of gets
-    that were answered from memory."""
-    m = client.get_map("bench_ops", local_reads=True)  # type: ignore[attr-defined]
-    reader = m._local
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        hits = reader.hits
-        for key in keys[:2000]:
-            m.get(key)
-        if reader.hits - hits == min(2000, len(keys)):
-            break
-        time.sleep(0.1)
-    hits, misses = reader.hits, reader.misses
-    n = len(keys)
-    row = measure(lambda i: m.get(keys[i % n]), seconds, 1)
-    hits, misses = reader.hits - hits, reader.misses - misses
-    print(f"local reads: {hits:,} of {hits + misses:,} gets answered from shared memory")
-    return row
+        try:
+            yield workloads, publish
+            if counted != [0, 0]:
+                hits, misses = reader.hits - counted[0], reader.misses - counted[1]
+                print(f"local reads: {hits:,} of {hits + misses:,} keys read from shared "
+                      "memory")
+        finally:
+            m.clear()
 
 
 @contextmanager
@@ -177,8 +212,9 @@ def redis_cluster(base_port: int):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def redis_rows(port: int, keys: list[str], value: bytes, seconds: float
-               ) -> dict[str, tuple[float, float]]:
+@contextmanager
+def redis_workloads(port: int, keys: list[str], value: bytes) -> Iterator[Workloads]:
+    """Redis Cluster's workloads, on the cluster at ``port`` filled with ``keys``."""
     from redis.cluster import RedisCluster
 
     client = RedisCluster(host="127.0.0.1", port=port)
@@ -200,21 +236,45 @@ def redis_rows(port: int, keys: list[str], value: bytes, seconds: float
         client.set(key, value)
         client.wait(1, 0, target_nodes=client.get_node_from_key(key))
 
-    rows = {
-        "GET": measure(lambda i: client.get(keys[i % n]), seconds, 1),
-        "SET + WAIT 1": measure(set_wait, seconds, 1),
-        "SET": measure(lambda i: client.set(keys[i % n], value), seconds, 1),
-        "mset_nonatomic": measure(
-            lambda i: client.mset_nonatomic(dict.fromkeys(batches[i % b], value)), seconds,
-            BATCH),
-        "mget_nonatomic": measure(lambda i: client.mget_nonatomic(batches[i % b]), seconds,
-                                  BATCH),
-        "MSET, one hash tag": measure(lambda i: client.mset(dict.fromkeys(tags[i % b], value)),
-                                      seconds, BATCH),
-        "MGET, one hash tag": measure(lambda i: client.mget(tags[i % b]), seconds, BATCH),
-    }
-    client.close()
-    return rows
+    try:
+        yield {
+            "GET": (lambda i: client.get(keys[i % n]), 1),
+            "SET + WAIT 1": (set_wait, 1),
+            "SET": (lambda i: client.set(keys[i % n], value), 1),
+            "mset_nonatomic": (lambda i: client.mset_nonatomic(
+                dict.fromkeys(batches[i % b], value)), BATCH),
+            "mget_nonatomic": (lambda i: client.mget_nonatomic(batches[i % b]), BATCH),
+            "MSET, one hash tag": (lambda i: client.mset(dict.fromkeys(tags[i % b], value)),
+                                   BATCH),
+            "MGET, one hash tag": (lambda i: client.mget(tags[i % b]), BATCH),
+        }
+    finally:
+        client.close()
+
+
+def run_rows(ours: Workloads, publish: Callable[[], None], theirs: Workloads,
+             seconds: float, rounds: int) -> dict[tuple[str, str | None], list[Meter]]:
+    """Each row's workloads, shmgrid's and (with ``theirs``) Redis's in turn, ``rounds``
+    times ``seconds / rounds`` each, the side that goes first alternating: both sides of a
+    ratio see the same minutes of this machine, whose speed drifts from one minute to the
+    next. Without ``theirs``, each of shmgrid's workloads once."""
+    if theirs:
+        pairs = list(dict.fromkeys((mine, other) for _, mine, other in ROWS))
+    else:
+        pairs = [(mine, None) for mine in dict.fromkeys(mine for _, mine, _ in ROWS)]
+    pairs.sort(key=lambda pair: pair[0] in PUBLISHED)  # (a stable sort)
+    meters: dict[tuple[str, str | None], list[Meter]] = {}
+    published = False
+    for mine, other in pairs:
+        if mine in PUBLISHED and not published:
+            publish()
+            published = True
+        sides = [Meter(*ours[mine])] + ([Meter(*theirs[other])] if other else [])
+        for r in range(rounds):
+            for meter in sides if r % 2 == 0 else sides[::-1]:
+                meter.run(seconds / rounds)
+        meters[(mine, other)] = sides
+    return meters
 
 
 def main() -> int:
@@ -226,8 +286,14 @@ def main() -> int:
                         help="first of six loopback ports for Redis (default 17000)")
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--value-size", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="seconds of each workload, each side (default 3)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="turns a row's two sides take, alternately, in its seconds "
+                             "(default 3)")
     args = parser.parse_args()
+    if args.rounds < 1 or args.seconds <= 0:
+        parser.error("--rounds is at least 1 and --seconds more than 0")
     from rich.console import Console
     from rich.table import Table
 
@@ -235,26 +301,37 @@ def main() -> int:
     value = os.urandom(args.value_size)
     with ExitStack() as stack:
         name = stack.enter_context(grid_cluster(args.cluster_name))
-        ours = grid_rows(name, keys, value, args.seconds)
-        theirs = redis_rows(stack.enter_context(redis_cluster(args.redis_port)), keys,
-                            value, args.seconds) if args.redis else {}
-    table = Table(title=f"one synchronous client, {args.keys:,} keys, {args.value_size}-byte "
-                        f"values, {args.seconds:g} s each")
+        ours, publish = stack.enter_context(grid_workloads(name, keys, value))
+        theirs = stack.enter_context(redis_workloads(
+            stack.enter_context(redis_cluster(args.redis_port)), keys, value)) \
+            if args.redis else {}
+        meters = run_rows(ours, publish, theirs, args.seconds, args.rounds)
+    title = f"one synchronous client, {args.keys:,} keys, {args.value_size}-byte values, " \
+            f"{args.seconds:g} s each"
+    if theirs:
+        title += f", in {args.rounds} turns a side, alternately"
+    table = Table(title=title)
     for col in ("workload", "shmgrid", "entries/s", "p50 µs", *(
-            ("Redis Cluster", "entries/s", "p50 µs", "ratio") if theirs else ())):
-        table.add_column(col, justify="right" if col in ("entries/s", "p50 µs", "ratio")
-                         else "left")
+            ("Redis Cluster", "entries/s", "p50 µs", "ratio", "ratio by turn") if theirs
+            else ())):
+        table.add_column(col, justify="left" if col in ("workload", "shmgrid", "Redis Cluster")
+                         else "right")
     for workload, mine, other in ROWS:
-        if other not in theirs and (theirs or workload.startswith(" ")):
-            continue
-        rate, p50 = ours[mine]
-        row = [workload, mine, f"{rate:,.0f}", f"{p50:,.0f}"]
         if theirs:
-            their_rate, their_p50 = theirs[other]
-            row += [other, f"{their_rate:,.0f}", f"{their_p50:,.0f}",
-                    f"{rate / their_rate:.2f}×"]
+            ours_meter, their_meter = meters[(mine, other)]
+        elif workload.startswith(" "):
+            continue
+        else:
+            [ours_meter] = meters[(mine, None)]
+        row = [workload, mine, f"{ours_meter.rate:,.0f}", f"{ours_meter.p50:,.0f}"]
+        if theirs:
+            turns = [a / b for a, b in zip(ours_meter.stretch_rates,
+                                           their_meter.stretch_rates, strict=True)]
+            row += [other, f"{their_meter.rate:,.0f}", f"{their_meter.p50:,.0f}",
+                    f"{ours_meter.rate / their_meter.rate:.2f}×",
+                    f"{min(turns):.2f}–{max(turns):.2f}×"]
         table.add_row(*row)
-    Console(width=160).print(table)
+    Console(width=180).print(table)
     return 0
 
 

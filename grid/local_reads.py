@@ -49,6 +49,8 @@ import os
 import struct
 from array import array
 from collections.abc import Iterable
+from itertools import repeat
+from operator import and_
 
 import mmh3
 
@@ -87,7 +89,7 @@ def key_hash(key: bytes) -> int:
 
 def key_hashes(keys: Iterable[bytes]) -> list[int]:
     """``key_hash`` of each key, without a Python call per key (a batch of writes)."""
-    return list(map(_HASH_MASK.__and__, map(mmh3.hash128, keys)))
+    return list(map(and_, map(mmh3.hash128, keys), repeat(_HASH_MASK)))
 
 
 def map_segment(name: str, writable: bool = False) -> mmap.mmap:

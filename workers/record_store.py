@@ -31,7 +31,14 @@ from operator import add
 from typing import Any
 
 from grid.local_reads import RECORD_HEADER, key_hash, key_hashes
-from grid.partition.merkle import DEPTH_MAX, DEPTH_MIN, MerkleTree, entry_hash, leaf_shift
+from grid.partition.merkle import (
+    DEPTH_MAX,
+    DEPTH_MIN,
+    MerkleTree,
+    entry_hash,
+    entry_hashes,
+    leaf_shift,
+)
 from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.shm import Segment, SegmentReader, validate_prefix
 
@@ -223,7 +230,7 @@ class _Fragment:
                 if old_value_size == value_size and self.segment.pin_count == 0:
                     mm[start : start + value_size] = value  # no iterator sees this segment
                     if self.tree is not None:
-                        self.tree_update(h, key, old, value)
+                        self.tree_update(h, old, value)
                     return old
                 dead_size = header_bytes + key_size + old_value_size
                 self.garbage_bytes += dead_size
@@ -240,7 +247,7 @@ class _Fragment:
         self.count += 1
         index[h] = top if entry is None else self.entry_with(entry, top)
         if self.tree is not None:
-            self.tree_update(h, key, old, value)
+            self.tree_update(h, old, value)
         if self.shared is not None:
             self.shared.placed(self, h, offset, top)
         return old
@@ -278,7 +285,7 @@ class _Fragment:
                         if record_key_size == key_size and record_value_size == value_size \
                                 and mm[start:middle] == key:
                             if tree is not None:
-                                self.tree_update(h, key, mm[middle : middle + value_size],
+                                self.tree_update(h, mm[middle : middle + value_size],
                                                  value)
                             mm[middle : middle + value_size] = value
                             continue
@@ -293,7 +300,7 @@ class _Fragment:
                 mm[start + key_size : record_end] = value
                 index[h] = top
                 if tree is not None:
-                    tree.update(h, None, entry_hash(key, _as_bytes(value)))
+                    tree.update(h, None, entry_hash(h, _as_bytes(value)))
                 live_bytes += record_end - top
                 count += 1
                 if shared is not None:  # it may read the count (to build its index again)
@@ -334,7 +341,11 @@ class _Fragment:
         self.mm[top : top + size] = b"".join(parts)
         index.update(zip(hashes, starts, strict=True))
         if self.tree is not None:
-            self.tree.add_many(hashes, map(entry_hash, keys, map(_as_bytes, values)))
+            try:
+                entries = entry_hashes(hashes, values)
+            except TypeError:  # a bytearray or view among the values: mmh3 hashes bytes only
+                entries = entry_hashes(hashes, list(map(_as_bytes, values)))
+            self.tree.add_many(hashes, entries)
         self.top = top + size
         self.live_bytes += size
         self.count += len(keys)
@@ -366,7 +377,7 @@ class _Fragment:
         self.live_bytes -= dead_size
         self.count -= 1
         if self.tree is not None:
-            self.tree_update(h, key, old, None)
+            self.tree_update(h, old, None)
         if self.shared is not None:
             self.shared.removed(h, offset)
         if self.count == 0 and self.segment.pin_count == 0:
@@ -378,12 +389,12 @@ class _Fragment:
 
     # -- Merkle tree ----------------------------------------------------------------------
 
-    def tree_update(self, h: int, key: bytes, old: bytes | None, new: object) -> None:
+    def tree_update(self, h: int, old: bytes | None, new: object) -> None:
         """An entry changed from ``old`` to ``new`` (None: absent); the tree exists."""
         self.tree.update(  # type: ignore[union-attr]
             h,
-            None if old is None else entry_hash(key, old),
-            None if new is None else entry_hash(key, _as_bytes(new)),
+            None if old is None else entry_hash(h, old),
+            None if new is None else entry_hash(h, _as_bytes(new)),
         )
 
     def records_of(self, entries: Iterable[tuple[int, int | tuple[int, ...]]]
@@ -404,13 +415,13 @@ class _Fragment:
         tree = MerkleTree(depth)
         leaf_of = tree.leaf_of
         sums: dict[int, list[int]] = {}  # leaf -> [a key hash in it, sum of entry hashes]
-        for h, key, value in self.records_of(self.index.items()):
+        for h, _key, value in self.records_of(self.index.items()):
             leaf = leaf_of(h)
             leaf_sum = sums.get(leaf)
             if leaf_sum is None:
-                sums[leaf] = [h, entry_hash(key, value)]
+                sums[leaf] = [h, entry_hash(h, value)]
             else:
-                leaf_sum[1] += entry_hash(key, value)
+                leaf_sum[1] += entry_hash(h, value)
         for h, total in sums.values():
             tree.update(h, None, total & _HASH_MASK)
         return tree

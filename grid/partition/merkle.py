@@ -22,10 +22,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from itertools import repeat
+from operator import and_, itemgetter
 
 import mmh3
 
 MASK = (1 << 64) - 1
+SEED_MASK = (1 << 32) - 1  # mmh3 takes a 32-bit seed
+_first = itemgetter(0)
 DEPTH_MIN, DEPTH_MAX = 1, 20
 
 
@@ -35,9 +39,20 @@ def leaf_shift(depth: int) -> int:
     return 65 - depth
 
 
-def entry_hash(key: bytes, value: bytes) -> int:
-    """The hash an entry adds to its leaf (64 bits of MurmurHash3 of key, then value)."""
-    return mmh3.hash64(value, seed=mmh3.hash(key, signed=False), signed=False)[0]
+def entry_hash(key_hash: int, value: bytes) -> int:
+    """The hash an entry adds to its leaf: 64 bits of MurmurHash3 of the value, seeded with
+    the low 32 bits of the key's hash (its leaf is named by the top bits), so that it is a
+    hash of key and value together (two keys whose 64-bit hashes are equal, about 2**-64 a
+    pair, are told apart by their values only). Signed: a tree adds it modulo 2**64."""
+    return mmh3.hash64(value, key_hash & SEED_MASK)[0]
+
+
+def entry_hashes(key_hashes: Iterable[int], values: Iterable[bytes]) -> list[int]:
+    """``entry_hash`` of each key hash and value, without a Python call per entry (a block
+    of new records: a Spark write, a put_all into an empty map; 0.2 against 0.45 µs an
+    entry)."""
+    seeds = map(and_, key_hashes, repeat(SEED_MASK))
+    return list(map(_first, map(mmh3.hash64, values, seeds)))
 
 
 class MerkleTree:

@@ -14,7 +14,8 @@ from workers.record_store import key_hash
 
 
 def tree_of(depth: int, fragment: dict[bytes, bytes]) -> MerkleTree:
-    return MerkleTree.of(depth, ((key_hash(k), entry_hash(k, v)) for k, v in fragment.items()))
+    hashes = ((key_hash(k), v) for k, v in fragment.items())
+    return MerkleTree.of(depth, ((h, entry_hash(h, v)) for h, v in hashes))
 
 
 def changed_keys(depth: int, a: dict[bytes, bytes], b: dict[bytes, bytes],
@@ -62,8 +63,8 @@ def test_updates_in_any_order_give_the_tree_built_from_scratch(fragment, edits):
             edited[key] = value
         else:
             edited.pop(key, None)
-        tree.update(key_hash(key), None if old is None else entry_hash(key, old),
-                    None if new is None else entry_hash(key, new))
+        tree.update(key_hash(key), None if old is None else entry_hash(key_hash(key), old),
+                    None if new is None else entry_hash(key_hash(key), new))
     assert list(tree.nodes) == list(tree_of(8, edited).nodes)
 
 

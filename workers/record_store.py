@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from operator import add
 from typing import Any
 
@@ -883,22 +883,38 @@ class RecordStore:
 
     def found_in(self, namespace: str, groups: Mapping[int, list[bytes]],
                  pids: Iterable[int]) -> list[bytes]:
-        """The keys present among ``groups[pid]`` for each of ``pids``, each followed by its
-        value: a batched get over many partitions in one call (a batch of 100 keys spans
-        about 80)."""
+        """The keys (bytes) present among ``groups[pid]`` for each of ``pids``, each followed
+        by its value: a batched get over many partitions in one call (a batch of 100 keys
+        spans about 80). The keys are hashed in one pass, and a key's record read in line
+        (``_Fragment.get`` is a call per key, and its ``key_hash`` another)."""
+        pids = list(pids)
+        hashes = key_hashes(chain.from_iterable(map(groups.__getitem__, pids)))
         fragments = self._partitions
         found: list[bytes] = []
         append = found.append
+        i = 0  # the next key's hash
         for pid in pids:
+            keys = groups[pid]
             fragment = fragments.get(pid, _NO_FRAGMENTS).get(namespace)
             if fragment is None:
+                i += len(keys)
                 continue
-            get = fragment.get
-            for key in groups[pid]:
-                value = get(key if key.__class__ is bytes else _key_bytes(key))
-                if value is not None:
+            index_get, mm = fragment.index.get, fragment.mm
+            for key in keys:  # (no zip: a zip(strict=True) costs about 0.5 µs a call on 3.11)
+                entry = index_get(hashes[i])
+                i += 1
+                if entry is None:
+                    continue
+                if entry.__class__ is not int:  # colliding hashes: find its record
+                    entry = fragment.locate(entry, key)
+                    if entry < 0:
+                        continue
+                key_size, value_size = _unpack_header(mm, entry)
+                start = entry + header_bytes
+                middle = start + key_size
+                if key_size == len(key) and mm[start:middle] == key:
                     append(key)
-                    append(value)
+                    append(mm[middle : middle + value_size])
         return found
 
     def items(self, pid: int, namespace: str) -> Iterator[tuple[bytes, bytes]]:

@@ -827,3 +827,13 @@ def test_found_in_gives_the_present_keys_of_many_partitions_with_their_values(
     assert store.found_in("m", groups, [2]) == [b"b", b"2"]  # only the partitions asked
     assert store.found_in("other", groups, [1, 2, 9]) == [b"c", b"3"]
     assert store.found_in("none", groups, [1, 2, 9]) == []
+
+
+def test_found_in_finds_keys_whose_hashes_collide(make_store, key_hash_replaced) -> None:
+    key_hash_replaced(lambda key: 42 if key != b"alone" else 7)  # all but one collide
+    store = make_store()
+    store.put_many(1, "m", [(b"a", b"1"), (b"b", b"2"), (b"alone", b"3")])
+    store.put(2, "m", b"c", b"4")
+    groups = {1: [b"b", b"x", b"alone", b"a"], 2: [b"x", b"c"]}
+    assert store.found_in("m", groups, [1, 2]) == [b"b", b"2", b"alone", b"3", b"a", b"1",
+                                                   b"c", b"4"]

@@ -49,7 +49,7 @@ def entry_hash(key_hash: int, value: bytes) -> int:
 
 def entry_hashes(key_hashes: Iterable[int], values: Iterable[bytes]) -> list[int]:
     """``entry_hash`` of each key hash and value, without a Python call per entry (a block
-    of new records: a Spark write, a put_all into an empty map; 0.2 against 0.45 µs an
+    of new records: a Spark write, a put_all into an empty map; 0.23 against 0.46 µs an
     entry)."""
     seeds = map(and_, key_hashes, repeat(SEED_MASK))
     return list(map(_first, map(mmh3.hash64, values, seeds)))

@@ -24,8 +24,8 @@ Model = dict[tuple[int, str], dict[bytes, bytes]]
 def tree_of(depth: int, fragment: dict[bytes, bytes]) -> MerkleTree:
     """The reference: a tree rebuilt from scratch (the store's index hash, looked up now so
     that a test's colliding hash applies)."""
-    return MerkleTree.of(depth, ((record_store.key_hash(k), entry_hash(record_store.key_hash(k), v))
-                                 for k, v in fragment.items()))
+    hashes = ((record_store.key_hash(k), v) for k, v in fragment.items())
+    return MerkleTree.of(depth, ((h, entry_hash(h, v)) for h, v in hashes))
 
 
 def leaf_of(depth: int, key: bytes) -> int:

@@ -173,6 +173,7 @@ class LocalReader:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.oversized = 0  # of the misses: fragments past a scan's limit, left to the owner
 
     def get(self, namespace: str, key: bytes, pid: int, owner_uuid: str,
             owner_name: str) -> bytes | None | Any:
@@ -287,6 +288,7 @@ class LocalReader:
                     view.forget(namespace, pid)
                     result = RETRY
                 if result is TOO_LARGE:
+                    self.oversized += 1
                     break
             if result is not RETRY and _U64.unpack_from(slots, base)[0] == seq:
                 self.hits += 1

@@ -157,14 +157,19 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
             sizes[pid] = sizes.get(pid, 0) + len(key_bytes) + len(serialize_value({"i": i}))
         limit = sorted(sizes.values())[len(sizes) // 2]
         larger = sum(size > limit for size in sizes.values())
-        hits, misses = local._local.hits, local._local.misses
+        hits, misses, oversized = local._local.hits, local._local.misses, local._local.oversized
         scanned = {}
         for keys, values in local.scan_partitions(range(reader.partition_count),
                                                   chunk_bytes=limit):
             scanned.update(zip(keys, values, strict=True))
         assert scanned == {f"k{i}": {"i": i} for i in range(500)}
-        assert local._local.misses - misses == larger > 0
-        assert local._local.hits - hits == reader.partition_count - larger
+        hits, misses = local._local.hits - hits, local._local.misses - misses
+        assert local._local.oversized - oversized == larger > 0
+        assert hits + misses == reader.partition_count
+        # A partition may also be left to its owner when its read does not settle in time on
+        # a loaded machine (seqlock retries, the owner's lease): a miss, not an oversized one
+        # (seen once in CI: 95 misses for 94 oversized partitions).
+        assert larger <= misses <= larger + 2
         source.put("k1", "new")
         source.remove("k2")
         assert local.get("k1") == "new" and local.get("k2") is None

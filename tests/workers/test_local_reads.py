@@ -255,10 +255,10 @@ def test_a_scan_copies_no_more_than_its_limit(published) -> None:
     assert count == 51 and len(data) == 2 + sum(len(b"key%d" % i) + 100 for i in range(50))
     assert reader.scan("m", 1, UUID, member, max_bytes=10 * len(data)) == whole
     assert reader.scan("m", 1, UUID, member, max_bytes=len(data)) == whole  # exactly fits
-    hits, misses = reader.hits, reader.misses
+    hits, misses, oversized = reader.hits, reader.misses, reader.oversized
     assert reader.scan("m", 1, UUID, member, max_bytes=len(data) - 1) is MISS
     assert reader.scan("m", 1, UUID, member, max_bytes=0) is MISS
-    assert (reader.hits, reader.misses) == (hits, misses + 2)
+    assert (reader.hits, reader.misses, reader.oversized) == (hits, misses + 2, oversized + 2)
     assert reader.scan("m", 2, UUID, member, max_bytes=0) == (b"", 0)  # nothing to copy
 
 

@@ -49,15 +49,18 @@ ROW = re.compile(r"│\s*([^│\s][^│]*?)\s*│\s*([\d,]+)\s*│\s*([\d.]+)\s*
 SPARK_ROW = re.compile(r"^((?:write|count|read)[^\n]*?)\s{2,}([\d,]+)\s+[\d.]+\s", re.M)
 INSTRUCTION_OPS = ("get", "put", "get_all", "put_all")
 # A client doing $AB_OPS operations of $AB_OP on cluster $AB_CLUSTER's map "ab" (20,000 keys,
-# 100-byte values, batches of 100; with $AB_TAGS set, one hash tag a batch), after 20 that
-# open its links.
+# 100-byte values, batches of 100; with $AB_TAGS set, one hash tag a batch, as the working
+# tree's tools/bench_ops.py tags them), after 20 that open its links.
 CLIENT = """
-import os, grid
+import os, sys
+sys.path.insert(0, os.environ["AB_TOOLS"])
+import grid
+from bench_ops import BATCH, tagged
 keys = [f"key-{i}" for i in range(20_000)]
 value = b"v" * 100
-batches = [keys[i:i + 100] for i in range(0, len(keys), 100)]
+batches = [keys[i:i + BATCH] for i in range(0, len(keys), BATCH)]
 if os.environ.get("AB_TAGS"):
-    batches = [[f"{{t{j}}}{k}" for k in batch] for j, batch in enumerate(batches)]
+    batches = tagged(batches)
     keys = [k for batch in batches for k in batch]
 with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
     m = client.get_map("ab")
@@ -160,7 +163,7 @@ def client_instructions(tree: Path, cluster: str, op: str, ops: int,
     its start and 20 operations; None of them spin while they wait for a reply)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
            "AB_OPS": str(ops), "SHMGRID_CLIENT_BUSY_POLL_US": "0",
-           "AB_TAGS": "1" if hash_tags else ""}
+           "AB_TAGS": "1" if hash_tags else "", "AB_TOOLS": str(ROOT / "tools")}
     done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
                            "--cachegrind-out-file=/dev/null", sys.executable, "-c", CLIENT],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=3600)

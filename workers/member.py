@@ -38,6 +38,10 @@ log = logging.getLogger("shmgrid.member")
 
 DRAIN_MAX = 512  # messages taken from one socket before the others get a turn
 TICK_S = 0.1
+# A spinning member's yield that takes longer than this gave its core to other work (``_loop``):
+# a peer of the same exchange sharing the core (the client, a backup) runs a round of 50 to
+# 200 µs and sleeps again, which is the turn-taking a spin is for.
+YIELD_CONTENDED_S = 300e-6
 # A test hook: "member-2=5,member-3=1" makes those members wait so many seconds before they
 # start (a slow start that tests can rely on). Unset in normal runs.
 START_DELAY_ENV = "SHMGRID_TEST_START_DELAY"
@@ -210,9 +214,14 @@ class Member(Node):
             # more under one client on two cores for no rate that stood out of the noise.
             events = self.poller.poll(0) if spin else None
             if not events:
-                if time.perf_counter() < spin_until:
+                now = time.perf_counter()
+                if now < spin_until:
                     os.sched_yield()  # whoever else wants this core comes first
-                    continue
+                    if time.perf_counter() - now < YIELD_CONTENDED_S:
+                        continue
+                    # Another process had this core meanwhile: spinning on would take
+                    # turns with it. Sleep, and leave the core to it.
+                    spin_until = 0.0
                 timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
                 events = self.poller.poll(timeout_ms)
             if events:

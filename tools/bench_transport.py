@@ -21,11 +21,13 @@ import time
 
 import zmq
 
+from grid.config import GridConfig
 from grid.link import POLLIN, Link, address_of, listen
 
 STOP = b"stop"
-BUSY_POLL_S = 250e-6  # the defaults of client_busy_poll_us and member_busy_poll_us
-MEMBER_BUSY_POLL_S = 100e-6
+# The defaults of client_busy_poll_us and member_busy_poll_us
+BUSY_POLL_S = GridConfig().client_busy_poll_us / 1e6
+MEMBER_BUSY_POLL_S = GridConfig().member_busy_poll_us / 1e6
 
 
 def cpu_seconds() -> float:

@@ -25,9 +25,9 @@ from grid.config import GridConfig
 from grid.link import POLLIN, Link, address_of, listen
 
 STOP = b"stop"
-# The defaults of client_busy_poll_us and member_busy_poll_us
-BUSY_POLL_S = GridConfig().client_busy_poll_us / 1e6
-MEMBER_BUSY_POLL_S = GridConfig().member_busy_poll_us / 1e6
+DEFAULTS = GridConfig()  # the spins of a client and a member: client_busy_poll_us, ...
+BUSY_POLL_S = DEFAULTS.client_busy_poll_us / 1e6
+MEMBER_BUSY_POLL_S = DEFAULTS.member_busy_poll_us / 1e6
 
 
 def cpu_seconds() -> float:

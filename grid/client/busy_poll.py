@@ -10,9 +10,9 @@ non-blocking poll for a while before it sleeps.
 Spinning costs a core, and on a host whose cores the members need, a spin that outlasts the
 reply only slows the members down. So the budget follows what replies of the same kind (the
 request's op) took lately: a kind whose replies come within ``limit`` on average spins for
-twice its mean wait, up to ``limit``; a slower kind (a batch of a hundred keys, a scan) does
-not spin at all. A new kind spins for the whole limit once, and learns. One slow outlier must not
-turn spinning off for long, so each sample counts at most twice the limit.
+twice its mean wait, up to ``limit``; a slower kind (a put_all of a hundred keys, a scan)
+does not spin at all. A new kind spins for the whole limit once, and learns. One slow
+outlier must not turn spinning off for long, so each sample counts at most twice the limit.
 
 Pure: the caller measures the waits and owns the clock.
 """

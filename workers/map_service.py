@@ -897,13 +897,16 @@ class MapService:
             pid, versions, count, table_version, iid, _, target_versions = part
             if pid.__class__ is not int or not 0 <= pid < partition_count:
                 self.check_pid(pid)  # raises
-            # The vectors' entries are checked where they are applied.
+            # The part's own vector's entries are checked where they are applied, before
+            # anything is; the target's here: it is applied after the part's versions.
             if (versions is not None and (versions.__class__ is not list
                                           or len(versions) != REPLICA_VERSION_COUNT)) \
                     or (target_versions is not None
                         and (target_versions.__class__ is not list
-                             or len(target_versions) != REPLICA_VERSION_COUNT)):
-                raise ProtocolError("a version vector has six entries")
+                             or len(target_versions) != REPLICA_VERSION_COUNT
+                             or not all(version.__class__ is int and version >= 0
+                                        for version in target_versions))):
+                raise ProtocolError("a version vector has six ints >= 0")
             if count.__class__ is not int or count < 0 or table_version.__class__ is not int:
                 raise ProtocolError("a backup part's count and table version are ints")
             if iid is not None and iid.__class__ is not str:

@@ -306,6 +306,8 @@ BAD_PARTS = [
     lambda good: [good[0], good[1][:5], *good[2:]],
     lambda good: [good[0], "versions", *good[2:]],
     lambda good: [*good[:6], [*good[1], 0]],
+    lambda good: [*good[:6], "target versions"],
+    lambda good: [*good[:6], [*good[1][:5], -1]],
     lambda good: [*good[:2], -1, *good[3:]],
     lambda good: [*good[:2], True, *good[3:]],
     lambda good: [*good[:2], "2", *good[3:]],

@@ -543,9 +543,10 @@ class SimClient:
     every write has a key of its own (a lost write shows as a hole)."""
 
     def __init__(self, net: SimNetwork, name: str, ns: str = "m",
-                 key_count: int | None = None, batch: int = 0) -> None:
+                 key_count: int | None = None, batch: int = 0, spread: bool = False) -> None:
         self.key_count = key_count
         self.batch = batch  # > 0: each write is a PUT_ALL of this many keys of one hash tag
+        self.spread = spread  # a batch's keys have no tag: a PUT_ALL to each owner
         self.net = net
         self.ident = name.encode()
         self.ns = ns
@@ -634,7 +635,10 @@ class SimClient:
         key = f"{self.ident.decode()}-{index}"
         iid = f"{self.ident.decode()}:{self.counter}"
         deadline = self.net.time + self.net.config.invocation_timeout
-        if self.batch:
+        if self.batch and self.spread:
+            self.attempt_spread([f"{key}:{j}" for j in range(self.batch)], self.counter, iid,
+                                deadline, None)
+        elif self.batch:
             self.attempt_batch([f"{{{key}}}{j}" for j in range(self.batch)], self.counter, iid,
                                deadline)
         else:
@@ -709,6 +713,66 @@ class SimClient:
                             "cid": self.ident.decode()}, [p.pack_items(items)], on_ack,
                            timeout=1.0)
         self.net.pending_writes[(self.ident, rid)] = [(key, value) for key in keys]
+
+    def attempt_spread(self, keys: list[str], value: int, iid: str, deadline: float,
+                       remaining: set[int] | None) -> None:
+        """A batch of ``keys`` spread over partitions, as the real client sends one: a
+        PUT_ALL to each owner of the ``remaining`` partitions, all with the invocation id;
+        a partition's keys count as acknowledged once its owner answered without naming it
+        "wrong", and the rest are sent again (to the owners a fresh table names) until none
+        is left or the invocation timed out."""
+        if self.stopped:
+            return
+        if self.net.time > deadline:
+            self.write_next()
+            return
+        by_pid: dict[int, list[str]] = {}
+        for key in keys:
+            by_pid.setdefault(partition_id_of(serialize_key(key), self.table.partition_count),
+                              []).append(key)
+        if remaining is None:
+            remaining = set(by_pid)
+            for key in keys:
+                self.unsure.setdefault(key, set()).add(value)
+        by_owner: dict[str, list[int]] = {}
+        for pid in sorted(remaining):
+            owner = self.members.get(self.table.owner(pid) or "")
+            if owner is None:
+                self.refresh(lambda: self.attempt_spread(keys, value, iid, deadline, remaining))
+                return
+            by_owner.setdefault(owner.endpoint, []).append(pid)
+        unanswered = [len(by_owner)]
+
+        def on_ack(rid: int, pids: list[int], header: dict | None, frames: list[bytes]) -> None:
+            self.net.pending_writes.pop((self.ident, rid), None)
+            if header and header.get("ok"):
+                wrong = set(header.get("wrong") or ())
+                for pid in pids:
+                    if pid not in wrong:
+                        remaining.discard(pid)
+                        for key in by_pid[pid]:
+                            self.acked[key] = value
+                            self.unsure[key] = set()
+            unanswered[0] -= 1
+            if unanswered[0]:
+                return
+            if remaining:
+                self.refresh(lambda: self.attempt_spread(keys, value, iid, deadline, remaining))
+            else:
+                self.write_next()
+
+        for endpoint, pids in by_owner.items():
+            items = [item for pid in pids for key in by_pid[pid]
+                     for item in (serialize_key(key), serialize_value(value))]
+            sent: list[int] = []  # the request's id, once it has one
+            rid = self.request(
+                endpoint, p.PUT_ALL,
+                {"ns": self.ns, "pids": pids, "counts": [len(by_pid[pid]) for pid in pids],
+                 "iid": iid, "cid": self.ident.decode()}, [p.pack_items(items)],
+                lambda h, f, sent=sent, pids=pids: on_ack(sent[0], pids, h, f), timeout=1.0)
+            sent.append(rid)
+            self.net.pending_writes[(self.ident, rid)] = \
+                [(key, value) for pid in pids for key in by_pid[pid]]
 
 
 class SimReader(SimClient):

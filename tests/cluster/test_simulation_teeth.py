@@ -277,3 +277,22 @@ def test_local_reads_of_a_partition_that_moved_away_are_caught(monkeypatch):
                         lambda self, pid, served: original_set_served(self, pid, True)
                         if served or self.served[pid] else None)
     assert caught(MIGRATION_FAULTS, range(6))
+
+
+def test_an_owner_that_answers_a_spread_batch_once_one_backup_applied_it_is_caught(
+        monkeypatch):
+    """A batch over many partitions has a backup operation for each backup member; taking
+    the first acknowledgement for all of them is a bug only the spread batch writer sees."""
+    original = MapService._on_backup_ack
+
+    def one_ack_for_all(self, uuid, seq, header):
+        ticket = self.op_tickets.get((uuid, seq))
+        if ticket is not None and header is not None and header.get("ok") \
+                and len(ticket.written) > 1:
+            ticket.waiting.clear()
+        original(self, uuid, seq, header)
+
+    monkeypatch.setattr(MapService, "_on_backup_ack", one_ack_for_all)
+    assert first_failure(
+        lambda seed, fault: test_simulation.test_failover_keeps_every_acknowledged_write(
+            seed, fault, batches=True), ["kill", "kill-master"], range(6))

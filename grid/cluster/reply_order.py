@@ -69,7 +69,7 @@ class ReplyOrder:
     def busy(self, slots: Iterable[Slot]) -> bool:
         """Whether any of ``slots`` has an answer still waiting."""
         queues = self._queues
-        return bool(queues) and any(slot in queues for slot in slots)
+        return bool(queues) and not queues.keys().isdisjoint(slots)
 
     def busy_partition(self, pid: int) -> bool:
         """Whether any answer about partition ``pid`` is still waiting."""
@@ -96,9 +96,19 @@ class ReplyOrder:
             queue = queues.get(work.pop())
             while queue:
                 ticket = queue[0]
-                if not ticket.ready or any(queues[s][0] is not ticket for s in ticket.slots):
+                if not ticket.ready:
                     break
-                for slot in ticket.slots:
+                slots_of = ticket.slots
+                if len(slots_of) == 1:  # (a single key's: first in its one slot, this one)
+                    queue.popleft()
+                    if not queue:
+                        del queues[slots_of[0]]
+                        idle.append(slots_of[0])
+                    out.append(ticket)
+                    continue
+                if any(queues[s][0] is not ticket for s in slots_of):
+                    break
+                for slot in slots_of:
                     q = queues[slot]
                     q.popleft()
                     if not q:

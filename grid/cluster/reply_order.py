@@ -96,19 +96,9 @@ class ReplyOrder:
             queue = queues.get(work.pop())
             while queue:
                 ticket = queue[0]
-                if not ticket.ready:
+                if not ticket.ready or any(queues[s][0] is not ticket for s in ticket.slots):
                     break
-                slots_of = ticket.slots
-                if len(slots_of) == 1:  # (a single key's: first in its one slot, this one)
-                    queue.popleft()
-                    if not queue:
-                        del queues[slots_of[0]]
-                        idle.append(slots_of[0])
-                    out.append(ticket)
-                    continue
-                if any(queues[s][0] is not ticket for s in slots_of):
-                    break
-                for slot in slots_of:
+                for slot in ticket.slots:
                     q = queues[slot]
                     q.popleft()
                     if not q:

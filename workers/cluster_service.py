@@ -638,7 +638,7 @@ class ClusterService:
         """Master only: adopt a new member list and table locally, then publish both."""
         self._adopt(members if members is not self.members else None, table)
         self._publish()
-        self.member.states.members_changed(self.members.version)
+        self.member.states.members_changed(self.members.version, self.members.uuids)
 
     def publish_view(self) -> None:
         """Master: publish the view now (a committed state change goes with it)."""

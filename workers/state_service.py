@@ -3,7 +3,8 @@
 - **State change** (grid/cluster/state_change.py decides): a client asks the master
   (CHANGE_STATE); the master asks every member, itself included, to lock the change
   (STATE_LOCK), then commits it (STATE_COMMIT) or calls it off (STATE_UNLOCK), and answers
-  the client. A member locks one change at a time, only from its master.
+  the client once every member confirmed the commit (or left). A member locks one change at
+  a time, only from its master.
 - **Promotion**: a client asks a lite member (PROMOTE_LOCAL); the lite member asks the master
   (PROMOTE); the master makes it a data member in a new member list, publishes it, plans the
   rebalance, and returns the list, which the lite member takes.
@@ -123,13 +124,24 @@ class StateService:
                         [], self._lock_answer(change, uuid),
                         timeout=min(lease, self._answer_s()))
             elif isinstance(command, CommitAll):
-                self.lock.release(command.txn, cluster.me)
-                cluster.take_state(command.state, command.state_version)
-                cluster.publish_view()
-                self._tell(command.uuids, p.STATE_COMMIT, txn=command.txn,
-                           state=command.state.value, sv=command.state_version)
+                if cluster.state_version < command.state_version:  # the decision: here first
+                    self.lock.release(command.txn, cluster.me)
+                    cluster.take_state(command.state, command.state_version)
+                    cluster.publish_view()
+                fields = {"txn": command.txn, "state": command.state.value,
+                          "sv": command.state_version}
+                for uuid in command.uuids:
+                    if uuid != cluster.me:
+                        self.member.request_peer(uuid, p.STATE_COMMIT, dict(fields), [],
+                                                 self._commit_answer(change, uuid),
+                                                 timeout=self._answer_s())
+                if cluster.me in command.uuids:
+                    self._run(change.commit_answered(
+                        cluster.me, cluster.state_version >= command.state_version))
             elif isinstance(command, UnlockAll):
-                self._tell(command.uuids, p.STATE_UNLOCK, txn=command.txn)
+                for uuid in command.uuids:
+                    self.member.request_peer(uuid, p.STATE_UNLOCK, {"txn": command.txn}, [],
+                                             lambda h, f: None, timeout=self._answer_s())
             elif isinstance(command, Finished):
                 log.info("cluster state change: %s", command.message)
                 if self.reply_to is not None:
@@ -155,11 +167,11 @@ class StateService:
             self._run(change.lock_answered(uuid, ok, why))
         return on_reply
 
-    def _tell(self, uuids: tuple[str, ...], op: str, **fields: Any) -> None:
-        for uuid in uuids:
-            if uuid != self.member.cluster.me or op == p.STATE_UNLOCK:
-                self.member.request_peer(uuid, op, dict(fields), [], lambda h, f: None,
-                                         timeout=self._answer_s())
+    def _commit_answer(self, change: StateChange, uuid: str) -> Any:
+        def on_reply(header: dict[str, Any] | None, frames: list[bytes]) -> None:
+            if self.change is change:
+                self._run(change.commit_answered(uuid, bool(header and header.get("ok"))))
+        return on_reply
 
     def tick(self, now: float) -> None:
         if self.change is not None:
@@ -169,10 +181,11 @@ class StateService:
                 return
             self._run(self.change.tick(now, cluster.driver.active))
 
-    def members_changed(self, members_version: int) -> None:
-        """Master: the member list changed; a change not yet committed is off."""
+    def members_changed(self, members_version: int, members: list[str]) -> None:
+        """Master: the member list changed (``members``, now); a change not yet decided is
+        off, a decided one waits no more for members that left."""
         if self.change is not None:
-            self._run(self.change.members_changed(members_version))
+            self._run(self.change.members_changed(members_version, members))
 
     # -- every member's side of a state change -----------------------------------------------
 
@@ -195,10 +208,12 @@ class StateService:
         txn, state, version = header.get("txn"), _state(header.get("state")), header.get("sv")
         if not isinstance(txn, int) or not isinstance(version, int):
             raise ProtocolError("a state commit carries txn and sv")
-        if self._from_master(header):
-            self.lock.release(txn, header["from"])
-            self.member.cluster.take_state(state, version)
-        self.member.reply_ok(ident, header)
+        if not self._from_master(header):
+            self.member.reply_error(ident, header, p.STATE_CHANGE, "not from our master")
+            return
+        self.lock.release(txn, header["from"])
+        self.member.cluster.take_state(state, version)
+        self.member.reply_ok(ident, header)  # confirmed: it holds this state version or later
 
     def _on_unlock(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         txn = header.get("txn")

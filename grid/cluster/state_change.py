@@ -13,9 +13,16 @@ The master runs one change at a time, as a transaction, with ``StateChange``:
    view too, and members take a state with a higher state version from any publish, so a
    member that missed the commit still ends in the new state. A new master takes the state
    with the highest state version among those it collects.
+4. **Confirm.** The master answers only once every member has confirmed the commit (or left
+   the member list): had it answered at the decision and died before its commit or its view
+   reached anyone, the members would collect the old state, and a change answered ok would
+   be in force nowhere. A member that has not confirmed is told again every
+   ``COMMIT_RESEND_S``. The decision stands whatever happens; should the time run out before
+   every member confirmed, the master answers ok all the same and says who had not (they
+   take the state from its view, unless it dies first).
 
 A refusal, a missing answer, a member joining or leaving, or the time running out before the
-commit aborts the change: the members that locked it are unlocked, and every member keeps the
+decision aborts the change: the members that locked it are unlocked, and every member keeps the
 old state.
 
 Pure state: the master's shell sends what the methods return and feeds back the answers;
@@ -24,15 +31,20 @@ times are passed in.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from grid.cluster.state import ClusterState
 
+# How long the master waits for a member to confirm a commit before it tells it again.
+COMMIT_RESEND_S = 1.0
+
 
 class Phase(StrEnum):
     WAITING = "waiting"  # for migrations in flight to end (a change to PASSIVE)
     LOCKING = "locking"  # asked every member to lock; waiting for their answers
+    COMMITTING = "committing"  # decided; waiting for every member to confirm the commit
     DONE = "done"
 
 
@@ -47,7 +59,8 @@ class LockAll:
 
 @dataclass(frozen=True)
 class CommitAll:
-    """Tell each of ``uuids`` to take ``state`` at ``state_version``; the master takes it too."""
+    """Tell each of ``uuids`` to take ``state`` at ``state_version`` and confirm it; the master
+    takes it too (and confirms its own with ``commit_answered``)."""
 
     txn: int
     state: ClusterState
@@ -92,6 +105,8 @@ class StateChange:
     deadline: float
     phase: Phase = Phase.WAITING
     locked: set[str] = field(default_factory=set)
+    confirmed: set[str] = field(default_factory=set)  # members that took the commit, or left
+    resend_at: float | None = None  # when the commit goes again to those not confirmed
 
     @classmethod
     def begin(cls, txn: int, old: ClusterState, new: ClusterState, state_version: int,
@@ -138,20 +153,51 @@ class StateChange:
         self.locked.add(uuid)
         if self.locked != set(self.members):
             return []
-        self.phase = Phase.DONE
-        version = self.state_version + 1
-        return [CommitAll(self.txn, self.new, version, self.members),
-                Finished(True, self.new, f"the cluster is {self.new}")]
+        self.phase = Phase.COMMITTING
+        return [CommitAll(self.txn, self.new, self.state_version + 1, self.members)]
 
-    def members_changed(self, members_version: int) -> list[Command]:
-        """A member joined or left: a change not yet committed is off."""
+    def commit_answered(self, uuid: str, ok: bool) -> list[Command]:
+        """A member's answer to the commit: once every member confirmed it, answer ok. A
+        refusal or no answer waits for the next resend (``tick``)."""
+        if self.phase is not Phase.COMMITTING or uuid not in self.members or not ok:
+            return []
+        self.confirmed.add(uuid)
+        return self._finish_if_confirmed()
+
+    def _finish_if_confirmed(self) -> list[Command]:
+        if not self.confirmed.issuperset(self.members):
+            return []
+        self.phase = Phase.DONE
+        return [Finished(True, self.new, f"the cluster is {self.new}")]
+
+    def members_changed(self, members_version: int, members: Collection[str]) -> list[Command]:
+        """A member joined or left (``members``: the list now): a change not yet decided is
+        off; a decided one waits no more for the confirmations of members that left."""
         if self.phase is Phase.DONE or members_version == self.members_version:
             return []
+        if self.phase is Phase.COMMITTING:
+            self.confirmed.update(set(self.members).difference(members))
+            return self._finish_if_confirmed()
         return self._abort("the members changed during the change")
 
     def tick(self, now: float, migrating: bool) -> list[Command]:
-        """Time passes: a PASSIVE change locks once migrations ended; time up aborts."""
+        """Time passes: a PASSIVE change locks once migrations ended; time up aborts an
+        undecided change; a decided one tells the members that did not confirm it again,
+        and at its deadline answers ok, saying who had not confirmed."""
         if self.phase is Phase.DONE:
+            return []
+        if self.phase is Phase.COMMITTING:
+            waiting = tuple(m for m in self.members if m not in self.confirmed)
+            if now >= self.deadline:
+                self.phase = Phase.DONE
+                return [Finished(True, self.new, f"the cluster is {self.new}; not yet "
+                                 f"confirmed by {', '.join(waiting)} (they take it from the "
+                                 "master's view)")]
+            if self.resend_at is None:
+                self.resend_at = now + COMMIT_RESEND_S
+            elif now >= self.resend_at:
+                self.resend_at = now + COMMIT_RESEND_S
+                return [CommitAll(self.txn, self.new, self.state_version + 1, waiting)]
             return []
         if now >= self.deadline:
             what = "migrations in flight did not end" if self.phase is Phase.WAITING \

@@ -12,7 +12,7 @@ import pytest
 from grid import protocol as p
 from grid.cluster.reply_order import ReplyOrder, Ticket
 from grid.cluster.state import ClusterState
-from grid.cluster.state_change import StateChange
+from grid.cluster.state_change import CommitAll, Finished, Phase, StateChange
 from tests.cluster import test_chain, test_simulation, test_state_change_sim, test_write_path
 from workers import map_service
 from workers.cluster_service import ClusterService
@@ -221,8 +221,9 @@ def test_one_partition_version_with_two_rows_is_caught_at_the_step(make_cluster)
     assert any("partition 0 at version" in v for v in net.violations), net.violations
 
 
-def state_change_caught(races: list[str], seeds: range) -> str | None:
-    return first_failure(test_state_change_sim.run_race, races, seeds)
+def state_change_caught(races: list[str], seeds: range, known: tuple[int, str] | None = None
+                        ) -> str | None:
+    return first_failure(test_state_change_sim.run_race, races, seeds, known)
 
 
 def test_members_that_take_the_state_when_they_lock_are_caught(monkeypatch):
@@ -245,6 +246,22 @@ def test_a_master_that_commits_without_every_lock_is_caught(monkeypatch):
 
     monkeypatch.setattr(StateChange, "lock_answered", commit_anyway)
     assert state_change_caught(["lost-lock", "hang"], range(4))
+
+
+def test_a_master_that_answers_before_the_members_confirm_the_commit_is_caught(monkeypatch):
+    """Answering at the decision: a master that dies before its commit reaches anyone has
+    told its client of a state that is in force nowhere."""
+    original = StateChange.lock_answered
+
+    def answer_at_decision(self, uuid, ok, why=""):
+        commands = original(self, uuid, ok, why)
+        if any(isinstance(command, CommitAll) for command in commands):
+            self.phase = Phase.DONE  # confirmations are no longer waited for
+            commands.append(Finished(True, self.new, f"the cluster is {self.new}"))
+        return commands
+
+    monkeypatch.setattr(StateChange, "lock_answered", answer_at_decision)
+    assert state_change_caught(["kill-master"], range(60, 70), known=(63, "kill-master"))
 
 
 # -- local reads (workers/local_reads.py): what a client on the host reads from a member's

@@ -45,11 +45,33 @@ def test_a_change_locks_every_member_then_commits_at_the_next_state_version():
     assert change.lock_answered("m0", True) == []
     assert change.lock_answered("m1", True) == []
     assert change.lock_answered("stranger", True) == []
-    commit, finished = change.lock_answered("m2", True)
-    assert commit == CommitAll(7, NO_MIGRATION, 4, tuple(MEMBERS))
+    assert change.lock_answered("m2", True) == [CommitAll(7, NO_MIGRATION, 4, tuple(MEMBERS))]
+    assert change.holds_migrations, "decided, and not yet confirmed by every member"
+    assert change.commit_answered("m0", True) == []
+    assert change.commit_answered("m1", False) == [], "a refusal waits for the resend"
+    assert change.commit_answered("stranger", True) == []
+    assert change.commit_answered("m1", True) == []
+    [finished] = change.commit_answered("m2", True)
     assert finished.ok and finished.state is NO_MIGRATION
     assert not change.holds_migrations
-    assert change.lock_answered("m2", True) == [] and change.tick(99.0, False) == []
+    assert change.lock_answered("m2", True) == [] and change.commit_answered("m2", True) == []
+    assert change.tick(99.0, False) == []
+
+
+def test_a_decided_change_tells_the_unconfirmed_again_and_answers_at_its_deadline():
+    change, _ = begin(now=0.0, timeout=10.0)
+    for m in MEMBERS:
+        change.lock_answered(m, True)
+    change.commit_answered("m0", True)
+    assert change.tick(1.0, False) == [], "the first tick starts the resend clock"
+    assert change.tick(1.5, False) == []
+    assert change.tick(2.0, False) == [CommitAll(7, NO_MIGRATION, 4, ("m1", "m2"))]
+    assert change.tick(2.5, False) == []
+    change.commit_answered("m1", True)
+    assert change.tick(3.0, False) == [CommitAll(7, NO_MIGRATION, 4, ("m2",))]
+    [finished] = change.tick(10.0, False)
+    assert finished.ok and finished.state is NO_MIGRATION and "m2" in finished.message
+    assert not change.holds_migrations and change.commit_answered("m2", True) == []
 
 
 def test_a_refusal_unlocks_those_that_locked_and_keeps_the_old_state():
@@ -62,10 +84,10 @@ def test_a_refusal_unlocks_those_that_locked_and_keeps_the_old_state():
     assert change.lock_answered("m2", True) == [], "nothing commits after an abort"
 
 
-def test_a_member_change_or_time_up_aborts_before_the_commit_only():
+def test_a_member_change_or_time_up_aborts_before_the_decision_only():
     change, _ = begin()
-    assert change.members_changed(5) == []
-    [finished] = change.members_changed(6)
+    assert change.members_changed(5, MEMBERS) == []
+    [finished] = change.members_changed(6, MEMBERS)
     assert not finished.ok and "members changed" in finished.message
     change, _ = begin()
     change.lock_answered("m0", True)
@@ -74,7 +96,12 @@ def test_a_member_change_or_time_up_aborts_before_the_commit_only():
     change, _ = begin()
     for m in MEMBERS:
         change.lock_answered(m, True)
-    assert change.members_changed(9) == [] and change.tick(99.0, False) == []
+    assert change.members_changed(9, MEMBERS) == [] and change.tick(5.0, False) == [], \
+        "a decided change is not called off"
+    change.commit_answered("m0", True)
+    assert change.members_changed(10, ["m0", "m2", "m3"]) == [], "m2 has yet to confirm"
+    [finished] = change.members_changed(11, ["m0", "m3"])
+    assert finished.ok, "members that left confirm nothing: the answer waits no more for them"
 
 
 def test_migrations_in_flight_refuse_a_change_except_to_passive_which_waits():

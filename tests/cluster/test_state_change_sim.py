@@ -77,10 +77,24 @@ def test_a_state_change_is_all_or_nothing(seed, race):
     run_race(seed, race)
 
 
+# A run takes about 25 ms: the soak takes many seeds (a master killed between its decision
+# and its commit showed in 11 of 1,000 seeds of kill-master).
 @pytest.mark.soak
 @pytest.mark.parametrize("race", RACES)
-@pytest.mark.parametrize("seed", range(4, 60))
+@pytest.mark.parametrize("seed", range(4, 600))
 def test_a_state_change_is_all_or_nothing_soak(seed, race):
+    run_race(seed, race)
+
+
+# Seeds that once failed, kept in the default run: (seed, race, what was wrong).
+REGRESSIONS = [
+    (63, "kill-master", "the master answered ok at its decision and died before its commit "
+     "or its view reached anyone: the others kept ACTIVE, the client was told FROZEN"),
+]
+
+
+@pytest.mark.parametrize(("seed", "race", "bug"), REGRESSIONS)
+def test_seeds_that_once_failed(seed, race, bug):
     run_race(seed, race)
 
 

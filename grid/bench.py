@@ -79,17 +79,15 @@ def _client_run(address: str | None, cluster_name: str | None, map_name: str, ke
     return results
 
 
-def _member_processes(args: argparse.Namespace) -> list[psutil.Process]:
-    """The cluster's member processes, from its registry; none for ``--address`` (a member
-    that may be on another host)."""
+def member_processes(cluster_name: str | None) -> list[psutil.Process]:
+    """The member processes of the local cluster ``cluster_name`` (None: the default), from
+    its registry; none when it is not running."""
     from grid.client.registry import is_registered_process, read_registry
     from grid.config import GridConfig
     from grid.errors import ClusterNotRunningError
 
-    if args.address:
-        return []
     try:  # (the file grid.connect reads)
-        data = read_registry(GridConfig.load(cluster_name=args.cluster_name).registry_path())
+        data = read_registry(GridConfig.load(cluster_name=cluster_name).registry_path())
     except ClusterNotRunningError:
         return []
     processes = []
@@ -141,7 +139,8 @@ def run_bench(args: argparse.Namespace) -> int:
         client.get_map(args.map).clear()
         members = len(client.cluster.members)
     start_at = time.time() + 1.0 + 0.2 * clients  # time for the processes to connect
-    processes = _member_processes(args)
+    # none for --address: a member that may be on another host
+    processes = [] if args.address else member_processes(args.cluster_name)
     sampler = _CpuWindows(processes, [_window(start_at, args.seconds, n)
                                       for n in range(len(OPERATIONS))]) if processes else None
     if sampler is not None:

@@ -14,8 +14,12 @@ Rows are a 10-character string key and a `--value-bytes` binary value. In one Sp
 Each grid read runs twice: with local reads (the default on the grid's host: the owners'
 shared memory) and with the option local.reads=false (every partition asked of its owner).
 
-It prints rows/s and the ratio grid / Parquet. It needs a running cluster: `shmgrid start
---detach` (the local registry), or --address of a member.
+It prints rows/s and the ratio grid / Parquet, and where each operation's CPU went (median
+CPU seconds of a run): the grid's members (found in the local registry; none with --address),
+Spark's JVM, Spark's Python workers, and this process. Those say what a faster grid could win:
+the JVM's and the Python workers' seconds of a grid write are spent before any member sees a
+row, and on two cores they bound the write from below. It needs a running cluster: `shmgrid
+start --detach` (the local registry), or --address of a member.
 """
 
 from __future__ import annotations
@@ -26,15 +30,50 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psutil  # noqa: E402
+
 import grid  # noqa: E402 - after the path set-up, so the script runs from a checkout
 from grid import errors  # noqa: E402
+from grid.bench import member_processes  # noqa: E402
 
 warmup_rows = 200_000
+CPU_KINDS = ("members", "Spark JVM", "Spark Python", "this process")
+
+
+def cpu_by_kind(members: Sequence[psutil.Process]) -> dict[str, float]:
+    """User and system CPU seconds so far of each kind of process (``CPU_KINDS``): the grid's
+    ``members``, and under this process Spark's JVM and its Python processes. A Python process
+    counts with its exited children (a Spark Python worker that exits is reaped by its
+    parent, the PySpark daemon, into the daemon's children times), so the difference of two
+    calls is what the kinds spent between them, exited workers included. A process gone
+    meanwhile is skipped."""
+    spent = dict.fromkeys(CPU_KINDS, 0.0)
+    me = psutil.Process()
+    times = me.cpu_times()
+    spent["this process"] = times.user + times.system
+    for process in members:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        spent["members"] += times.user + times.system
+    for process in me.children(recursive=True):
+        try:
+            name = process.name().lower()
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        if name.startswith("java"):
+            spent["Spark JVM"] += times.user + times.system
+        elif "python" in name:
+            spent["Spark Python"] += times.user + times.system + times.children_user \
+                + times.children_system
+    return spent
 
 
 def _time_s(action: Callable[[], object]) -> float:
@@ -93,12 +132,18 @@ def _noop(df) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def run(bench: Bench, df, rows: int, repeat: int) -> dict[str, list[float]]:
-    """Seconds per run for each timed operation."""
+def run(bench: Bench, df, rows: int, repeat: int, members: Sequence[psutil.Process] = (),
+        cpu: dict[str, list[dict[str, float]]] | None = None) -> dict[str, list[float]]:
+    """Seconds per run for each timed operation; with ``cpu``, each run's CPU seconds by kind
+    of process are appended to ``cpu[operation]``."""
     timings: dict[str, list[float]] = {}
 
     def timed(name: str, action: Callable[[], object]) -> None:
+        before = None if cpu is None else cpu_by_kind(members)
         timings.setdefault(name, []).append(_time_s(action))
+        if cpu is not None and before is not None:
+            after = cpu_by_kind(members)
+            cpu.setdefault(name, []).append({k: after[k] - before[k] for k in CPU_KINDS})
 
     for _ in range(repeat):
         timed("write parquet", lambda: bench.parquet_write(df))
@@ -119,8 +164,10 @@ def run(bench: Bench, df, rows: int, repeat: int) -> dict[str, list[float]]:
     return timings
 
 
-def report(timings: dict[str, list[float]], rows: int) -> str:
-    """A table of rows/s (best run) and grid / Parquet ratios."""
+def report(timings: dict[str, list[float]], rows: int,
+           cpu: dict[str, list[dict[str, float]]] | None = None) -> str:
+    """A table of rows/s (best run) and grid / Parquet ratios, and with ``cpu`` one of the
+    median CPU seconds of a run by kind of process."""
 
     def rate(name: str) -> float:
         return rows / min(timings[name])
@@ -141,6 +188,13 @@ def report(timings: dict[str, list[float]], rows: int) -> str:
     ]
     for label, grid_name, parquet_name in pairs:
         lines.append(f"{label:<34} {rate(grid_name) / rate(parquet_name):6.2f}x")
+    if cpu:  # (indented: tools/bench_ab.py reads the rows that begin with an operation)
+        lines += ["", f"{'CPU s of a run (median)':<26}{'wall':>8}"
+                  + "".join(f"{kind:>14}" for kind in CPU_KINDS)]
+        for name, runs in cpu.items():
+            wall = statistics.median(timings[name])
+            lines.append(f"  {name:<24}{wall:>8.2f}" + "".join(
+                f"{statistics.median(run[kind] for run in runs):>14.2f}" for kind in CPU_KINDS))
     return "\n".join(lines)
 
 
@@ -172,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {
         k: v for k, v in {"address": args.address, "cluster.name": args.cluster_name}.items() if v
     }
+    members = [] if args.address else member_processes(args.cluster_name)
     from grid.spark.local import local_session, stop_local_session
 
     parquet_root = Path(args.parquet_dir or tempfile.mkdtemp(prefix="shmgrid-bench-parquet-"))
@@ -184,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         warmup.unpersist()
         df = _frame(spark, args.rows, args.value_bytes, args.partitions).cache()
         df.count()
-        timings = run(bench, df, args.rows, args.repeat)
+        cpu: dict[str, list[dict[str, float]]] = {}
+        timings = run(bench, df, args.rows, args.repeat, members, cpu)
         print(
             f"bench_spark: {args.rows:,} rows, key 10 chars + value {args.value_bytes} bytes, "
             f"{args.master}, {args.partitions} write tasks, best of {args.repeat}\n"
         )
-        print(report(timings, args.rows))
+        print(report(timings, args.rows, cpu))
+        if not members:
+            print("(no member processes found: the members' CPU is not counted)")
         client.get_map(args.map).clear()
     finally:
         stop_local_session(spark)

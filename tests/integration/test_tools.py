@@ -32,3 +32,62 @@ def test_bench_with_hash_tags_writes_each_batch_to_one_partition(grid_cluster):
     out = grid_cluster.cli("bench", "--seconds", "0.2", "--keys", "300", "--hash-tags",
                            "--map", "bench-tags").stdout
     assert "one hash tag a batch" in out and "put_all (100)" in out, out
+
+
+# Waits for a line on stdin, burns 0.3 s of CPU (with ``spawn``: in a child it then reaps),
+# says "done" and waits for stdin to close.
+_BURNER = """
+import subprocess, sys, time
+sys.stdin.readline()
+if sys.argv[1:] == ["spawn"]:
+    subprocess.run([sys.executable, "-c", "import time\\nt = time.process_time()\\n"
+                    "while time.process_time() - t < 0.3: pass"], check=True)
+else:
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+print("done", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_bench_spark_counts_cpu_by_kind_of_process_with_exited_workers(tmp_path):
+    """tools/bench_spark.py's CPU by kind: a member (by the list given), a JVM (a process named
+    java under this one) and a Python worker that exited within the window (reaped by its
+    parent, as the PySpark daemon reaps its workers) each count their 0.3 s."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    try:
+        import bench_spark
+    finally:
+        sys.path.pop(0)
+    for name in ("java", "shmgrid-member"):  # /proc/PID/comm is the name executed
+        (tmp_path / name).symlink_to(sys.executable)
+    commands = {"member": [str(tmp_path / "shmgrid-member"), "-c", _BURNER],
+                "jvm": [str(tmp_path / "java"), "-c", _BURNER],
+                "daemon": [sys.executable, "-c", _BURNER, "spawn"]}
+    processes = {kind: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True) for kind, command in commands.items()}
+    try:
+        members = [psutil.Process(processes["member"].pid)]
+        before = bench_spark.cpu_by_kind(members)
+        for process in processes.values():
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        for process in processes.values():
+            assert process.stdout.readline() == "done\n"
+        after = bench_spark.cpu_by_kind(members)
+    finally:
+        for process in processes.values():
+            process.stdin.close()
+            process.wait(timeout=30)
+    spent = {kind: after[kind] - before[kind] for kind in bench_spark.CPU_KINDS}
+    assert spent["members"] >= 0.25, spent
+    assert spent["Spark JVM"] >= 0.25, spent
+    assert spent["Spark Python"] >= 0.25, spent  # the exited grandchild, through the daemon
+    assert spent["this process"] < 0.25, spent

@@ -45,6 +45,7 @@ from grid.spark.packed_write import PackedRows, pack_rows, packable
 from grid.spark.planning import KeyTask, normalize_filter_key, plan_key_tasks, plan_scan_tasks
 from grid.spark.schema import ColumnLayout, infer_ddl
 from grid.spark.staging import abort_overwrite, begin_overwrite, commit_overwrite
+from grid.spark.worker_gc import freeze_in_pyspark_worker
 
 __all__ = [
     "ShmgridDataSource",
@@ -58,6 +59,10 @@ __all__ = [
     "ColumnNotSerializableError",
     "KeyColumnNotSerializableError",
 ]
+
+# In a PySpark worker the modules just imported live as long as it: out of the way of the
+# collection PySpark runs after every task (grid/spark/worker_gc.py).
+freeze_in_pyspark_worker()
 
 # Errors after which a cached client may be stale (cluster restarted, member set changed).
 _reconnect_errors = (errors.ClusterNotRunningError, errors.OperationTimeoutError)
@@ -275,6 +280,8 @@ class ShmgridDataSource(DataSource):
 
 
 def _client(options: SourceOptions) -> Any:
+    """The worker's client; every task and planning step comes here first."""
+    freeze_in_pyspark_worker()  # what the tasks so far imported: out of the collector's way
     try:
         return client_for(options)
     except _reconnect_errors:

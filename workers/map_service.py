@@ -694,6 +694,7 @@ class MapService:
         backups changed, fail writes whose partition we no longer own, and take held backup
         operations that the new table lets us judge."""
         cluster = self.member.cluster
+        was_ready = cluster.ready
         cluster.ready = cluster.joined and cluster.table.is_assigned()
         me = self.member.info.uuid
         table = cluster.table
@@ -709,13 +710,16 @@ class MapService:
                 self.basis.discard(pid)
                 self.store.drop_partition(pid)
                 self.versions.clear(pid)
+                self.records.forget_partition(pid)
             elif pid in self.basis:
                 self.basis.discard(pid)  # a replica now: what it holds is the replica's
             if table.owner(pid) != me:
                 self.owned.discard(pid)
             elif pid not in self.owned:
                 self.owned.add(pid)
-                if pid in held:
+                # (Holding nothing of it, too: its backups may hold what we do not. Not in
+                # the first table, where nobody holds anything.)
+                if pid in held or was_ready:
                     promoted.append(pid)
         self._recheck_pending(set(pids))
         self._process_held()
@@ -727,9 +731,14 @@ class MapService:
         """Send the whole partition, as this new owner holds it, to its synchronous backups;
         answers about the partition wait until they have it."""
         sync, _ = self._backup_targets(pid)
-        namespaces = self.store.namespaces(pid)
-        if not sync or not namespaces:
+        if not sync:
             return
+        # Sent also when we hold nothing of it: a backup may hold writes that reached it and
+        # not us (the old owner died while sending them), and no version shows that, since
+        # its index moved up (seed 004's vectors take a lower index to hold all a higher one
+        # does). It becomes a copy of ours, records included (the invocation records it kept
+        # of those writes would answer a resend that nothing holds any more).
+        namespaces = self.store.namespaces(pid)
         total = self.config.backup_count + self.config.async_backup_count
         for ns in namespaces:
             self.versions.increment(pid, ns, total)
@@ -740,8 +749,8 @@ class MapService:
         part = [pid, [0] * REPLICA_VERSION_COUNT, len(items),
                 self.member.cluster.table.version(pid), None, False, None]
         self.order.enqueue(ticket)
-        fields = {"ns": namespaces[0], "kind": SYNC_KIND, "parts": [part], "vectors": vectors,
-                  "records": self.records.of_partition(pid)}
+        fields = {"ns": namespaces[0] if namespaces else "", "kind": SYNC_KIND, "parts": [part],
+                  "vectors": vectors, "records": self.records.of_partition(pid)}
         frames = [p.pack_items(items)]
         now = self.member.now()
         for uuid in sync:
@@ -885,8 +894,9 @@ class MapService:
     # -- replication: the backup's side ----------------------------------------------------
 
     def _parse_backup(self, header: dict[str, Any], frames: list[bytes]) -> list[list[Any]]:
-        self._ns(header)
         kind, parts = header.get("kind"), header.get("parts")
+        if kind != SYNC_KIND:  # (a sync names its namespaces in its items: maybe none)
+            self._ns(header)
         if kind not in BACKUP_KINDS or not isinstance(parts, list) or len(frames) != 1:
             raise ProtocolError("malformed backup")
         partition_count = self.config.partition_count
@@ -1172,7 +1182,9 @@ class MapService:
         self.take_namespaces(pid, chunk, vectors, index)
 
     def take_records(self, pid: int, records: Any) -> None:
-        """Invocation records that came with a partition (a sync or a migration)."""
+        """Invocation records that came with a partition (a sync or a migration): they
+        replace ours of the partition, as its data replaces ours."""
+        self.records.forget_partition(pid)
         if not isinstance(records, list):
             return
         now = self.member.now()

@@ -44,7 +44,8 @@ class InvocationRecords:
 
     def record(self, iid: str, pids: Iterable[int], outcome: Any, now: float) -> None:
         """``iid`` was applied to ``pids``; a later record of it adds partitions (a resend
-        that reached partitions the first attempt did not) and keeps the first outcome."""
+        that reached partitions the first attempt did not) and keeps the first outcome,
+        unless no partition holds the first any more (``forget_partition``)."""
         pids = set(pids)
         record = self._records.get(iid)
         if record is None:
@@ -52,6 +53,8 @@ class InvocationRecords:
             self._order.append((now, iid))
             while len(self._order) > self.max_records:
                 self._forget(self._order.popleft()[1])
+        elif not record[0]:  # applied again after every partition forgot it: now the first
+            self._records[iid] = (pids, outcome)
         else:
             record[0].update(pids)
         by_pid = self._by_pid
@@ -67,6 +70,15 @@ class InvocationRecords:
         hands them on with the data, so the partition's next owner answers resends too."""
         records = self._records
         return [(iid, records[iid][1]) for iid in self._by_pid.get(pid, ())]
+
+    def forget_partition(self, pid: int) -> None:
+        """What was applied to ``pid`` is no longer known to be in it (its data was dropped,
+        or replaced by another replica's): a resend to it must be applied again."""
+        records = self._records
+        for iid in self._by_pid.pop(pid, ()):
+            record = records.get(iid)
+            if record is not None:
+                record[0].discard(pid)  # (left empty, it still expires in its turn)
 
     def _forget(self, iid: str) -> None:
         record = self._records.pop(iid, None)

@@ -200,6 +200,7 @@ _op = st.one_of(
               st.frozensets(st.integers(0, 4), max_size=3), st.integers(0, 99),
               st.integers(0, 3)),
     st.tuples(st.just("expire"), st.integers(0, 3)),
+    st.tuples(st.just("forget"), st.integers(0, 4)),
 )
 
 
@@ -216,14 +217,20 @@ def test_records_match_a_simple_model(ops, keep_s, max_records):
             _, iid, pids, outcome, advance = op
             now += advance
             records.record(iid, pids, outcome, now=float(now))
-            if iid in model:
+            if iid in model and model[iid][0]:
                 model[iid][0].update(pids)
+            elif iid in model:  # every partition forgot it: this outcome is the first now
+                model[iid] = (set(pids), outcome, model[iid][2])
             else:
                 model[iid] = (set(pids), outcome, now)
                 while len(model) > max_records:
                     oldest = min(model, key=lambda k: model[k][2])
                     # Ties in time are broken by insertion order, which dict order keeps.
                     del model[oldest]
+        elif op[0] == "forget":
+            records.forget_partition(op[1])
+            for pids, _, _ in model.values():
+                pids.discard(op[1])
         else:
             now += op[1]
             records.expire(now=float(now))
@@ -236,3 +243,25 @@ def test_records_match_a_simple_model(ops, keep_s, max_records):
                     assert records.get(pid, iid) == model[iid][1]
                 else:
                     assert records.get(pid, iid) is NOT_RECORDED
+
+
+def test_a_forgotten_partition_answers_a_resend_as_new_and_hands_nothing_on():
+    """Its data was dropped or replaced by another replica's: what the record says was
+    applied there may be gone, so a resend must be applied again (seed 52 kill-two of the
+    simulation's batch writers: else a backup kept the record of a write that its new
+    owner's copy no longer held)."""
+    records = InvocationRecords(keep_s=10.0)
+    records.record("i1", [3, 5], b"old", now=0.0)
+    records.record("i2", [3], None, now=0.0)
+    records.forget_partition(3)
+    assert records.get(3, "i1") is NOT_RECORDED and records.get(3, "i2") is NOT_RECORDED
+    assert records.get(5, "i1") == b"old", "the other partition still holds the write"
+    assert records.of_partition(3) == []
+    assert records.of_partition(5) == [("i1", b"old")]
+    # Applied again to the forgotten partition: the outcome of a first attempt anywhere
+    # else stays; where nothing held it any more, the new one is the first.
+    records.record("i1", [3], b"newer", now=1.0)
+    records.record("i2", [3], b"new", now=1.0)
+    assert records.get(3, "i1") == b"old" and records.get(3, "i2") == b"new"
+    records.expire(now=10.5)
+    assert records.get(3, "i2") is NOT_RECORDED, "it expires by its first record's time"

@@ -205,6 +205,20 @@ def test_failover_keeps_every_acknowledged_batch_write(fault):
     test_failover_keeps_every_acknowledged_write(0, fault, batches=True)
 
 
+# Seeds of the batch writers that once failed, kept in the default run.
+BATCH_REGRESSIONS = [
+    (52, "kill-two", "a backup promoted to owner that held nothing of a partition did not sync "
+     "its backups: one of them kept a write that only it had got from the dead owner, and the "
+     "invocation's record, and answered the resend in the owner's place with the write's own "
+     "value as the previous one"),
+]
+
+
+@pytest.mark.parametrize(("seed", "fault", "bug"), BATCH_REGRESSIONS)
+def test_batch_seeds_that_once_failed(seed, fault, bug):
+    test_failover_keeps_every_acknowledged_write(seed, fault, batches=True)
+
+
 @pytest.mark.soak
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("seed", range(1, 20))

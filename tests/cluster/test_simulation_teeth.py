@@ -313,3 +313,19 @@ def test_an_owner_that_answers_a_spread_batch_once_one_backup_applied_it_is_caug
     assert first_failure(
         lambda seed, fault: test_simulation.test_failover_keeps_every_acknowledged_write(
             seed, fault, batches=True), ["kill", "kill-master"], range(6))
+
+
+def test_a_new_owner_that_syncs_its_backups_only_when_it_holds_something_is_caught(
+        monkeypatch):
+    """A backup promoted to owner of a partition it holds nothing of, whose other backup got
+    a write from the dead owner that it did not: unsynced, that backup keeps the write."""
+    original = MapService._sync_backups
+
+    def only_when_held(self, pid):
+        if self.store.namespaces(pid):
+            original(self, pid)
+
+    monkeypatch.setattr(MapService, "_sync_backups", only_when_held)
+    assert first_failure(
+        lambda seed, fault: test_simulation.test_failover_keeps_every_acknowledged_write(
+            seed, fault, batches=True), ["kill-two"], range(6), known=(52, "kill-two"))

@@ -174,20 +174,25 @@ def test_failover_keeps_every_acknowledged_write(seed, fault, batches=False):
         net.close()
 
 
-# Seeds that once failed, kept in the default run: (seed, fault, what was wrong).
+# Seeds that once failed, kept in the default run: (seed, fault, with the writer of batches,
+# what was wrong).
 REGRESSIONS = [
-    (7, "join-then-kill", "a kill during a migration published the repaired row at the version "
-     "its destination had committed, then the failed migration's raise: two owners at one "
+    (7, "join-then-kill", False, "a kill during a migration published the repaired row at the "
+     "version its destination had committed, then the failed migration's raise: two owners at one "
      "version for a moment"),
-    (112, "join-then-kill", "a member whose join reply carried an assigned table became "
+    (112, "join-then-kill", False, "a member whose join reply carried an assigned table became "
      "ready after it had applied the table, and served none of its partitions to local "
      "readers until the next table change"),
+    (52, "kill-two", True, "a backup promoted to owner that held nothing of a partition did "
+     "not sync its backups: one of them kept a write that only it had got from the dead owner, "
+     "and the invocation's record, and answered the resend in the owner's place with the "
+     "write's own value as the previous one"),
 ]
 
 
-@pytest.mark.parametrize(("seed", "fault", "bug"), REGRESSIONS)
-def test_seeds_that_once_failed(seed, fault, bug):
-    test_failover_keeps_every_acknowledged_write(seed, fault)
+@pytest.mark.parametrize(("seed", "fault", "batches", "bug"), REGRESSIONS)
+def test_seeds_that_once_failed(seed, fault, batches, bug):
+    test_failover_keeps_every_acknowledged_write(seed, fault, batches)
 
 
 @pytest.mark.soak
@@ -203,20 +208,6 @@ def test_failover_keeps_every_acknowledged_batch_write(fault):
     place where one backup holds all of a batch: grid/cluster/chain.py). A run of its own,
     so that the seeds above replay as they did."""
     test_failover_keeps_every_acknowledged_write(0, fault, batches=True)
-
-
-# Seeds of the batch writers that once failed, kept in the default run.
-BATCH_REGRESSIONS = [
-    (52, "kill-two", "a backup promoted to owner that held nothing of a partition did not sync "
-     "its backups: one of them kept a write that only it had got from the dead owner, and the "
-     "invocation's record, and answered the resend in the owner's place with the write's own "
-     "value as the previous one"),
-]
-
-
-@pytest.mark.parametrize(("seed", "fault", "bug"), BATCH_REGRESSIONS)
-def test_batch_seeds_that_once_failed(seed, fault, bug):
-    test_failover_keeps_every_acknowledged_write(seed, fault, batches=True)
 
 
 @pytest.mark.soak

@@ -1181,6 +1181,15 @@ class MapService:
         self.versions.clear(pid)
         self.take_namespaces(pid, chunk, vectors, index)
 
+    def invocations_of(self, pid: int) -> set[str]:
+        """The invocations applied here to ``pid``: recorded, or under way (applied, not
+        answered yet: recorded once answered)."""
+        iids = self.records.invocations(pid)
+        for iid, tickets in self.in_flight.items():
+            if any(pid in ticket.written for ticket in tickets):
+                iids.add(iid)
+        return iids
+
     def take_records(self, pid: int, records: Any) -> None:
         """Invocation records that came with a partition (a sync or a migration): they
         replace ours of the partition, as its data replaces ours."""

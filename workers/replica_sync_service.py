@@ -15,6 +15,9 @@ backup operations asks its owner for the namespaces concerned and installs the a
   ``max_parallel_replications``; past it the owner answers "busy" and the backup asks later.
 - **Backup, installing:** ``plan_install`` says whether the snapshot can be installed given
   the operations applied while the request was out, and which of them to apply again on top.
+  The answer names the invocations the owner has applied to the partition; the backup forgets
+  its records of others made before it asked (writes the snapshot took away: seed 004 sync
+  with the invocation records of this project's resends).
 
 A partition's request ends with its answer, with no answer within the interval, or when the
 table changes the partition's owner or this member's replica index.
@@ -155,15 +158,17 @@ class ReplicaSyncService:
                 trees[ns] = bytes(self.member.store.tree(pid, ns).nodes)
         fields = {"pid": pid, "nss": namespaces, "depth": self.config.merkle_tree_depth,
                   "trees": trees}
+        recorded = self.member.maps.records.invocations(pid)  # (see _install)
 
         def on_answer(header: dict[str, Any] | None, frames: list[bytes]) -> None:
-            self._on_answer(pid, owner, index, namespaces, header, frames)
+            self._on_answer(pid, owner, index, namespaces, recorded, header, frames)
 
         self.member.request_peer(owner, p.REPLICA_SYNC, fields, [], on_answer,
                                  timeout=self.config.backup_sync_interval)
 
     def _on_answer(self, pid: int, owner: str, index: int, namespaces: list[str],
-                   header: dict[str, Any] | None, frames: list[bytes]) -> None:
+                   recorded: set[str], header: dict[str, Any] | None,
+                   frames: list[bytes]) -> None:
         now = self.member.now()
         sid = header.get("sid") if header else None
         try:
@@ -177,22 +182,26 @@ class ReplicaSyncService:
                 self.requests.failed(pid, now, RETRY_S if header
                                      else self.config.heartbeat_interval)
                 return
-            self._install(pid, index, namespaces, header, frames, now)
+            self._install(pid, index, namespaces, recorded, header, frames, now)
         finally:
             if sid:
                 self.member.request_peer(owner, p.REPLICA_SYNC_DONE, {"sid": sid}, [],
                                          lambda h, f: None,
                                          timeout=self.config.heartbeat_timeout)
 
-    def _install(self, pid: int, index: int, namespaces: list[str], header: dict[str, Any],
-                 frames: list[bytes], now: float) -> None:
+    def _install(self, pid: int, index: int, namespaces: list[str], recorded: set[str],
+                 header: dict[str, Any], frames: list[bytes], now: float) -> None:
+        """Install the owner's answer: its snapshot of the namespaces, the operations
+        applied meanwhile on top. ``recorded``: the invocations recorded here for the
+        partition when the request went out."""
         vectors, replaced_wire = header.get("vectors"), header.get("replaced")
-        parts = header.get("parts") or []
+        parts, owner_records = header.get("parts") or [], header.get("records")
         if not isinstance(vectors, dict) or not isinstance(replaced_wire, dict) or \
                 set(vectors) != set(namespaces) or set(replaced_wire) != set(namespaces) or \
-                len(frames) != 1:
+                len(frames) != 1 or not isinstance(owner_records, list):
             raise ProtocolError("a replica sync answer carries versions and leaves per "
-                                "namespace asked for, and one frame of entries")
+                                "namespace asked for, the owner's invocations, and one "
+                                "frame of entries")
         replaced = {ns: None if leaves is None else set(leaves)
                     for ns, leaves in replaced_wire.items()}
         snapshot = {ns: vectors[ns][index - 1] for ns in namespaces}
@@ -225,6 +234,12 @@ class ReplicaSyncService:
                 self.entries_taken += len(pairs)
             maps.versions.set(pid, ns, vectors[ns], index)
             self.synced += 1
+        # A record made here before the request of an invocation the owner does not know is
+        # of a write the owner never had (its old owner died while sending it), which the
+        # snapshot just took away: kept, it would answer a resend to this replica, once
+        # owner, as done with nothing holding the write. Records made since stay: their
+        # writes came from this owner and are applied again on top.
+        maps.records.forget_unknown(pid, recorded, set(owner_records))
         for op in again:  # newer than the snapshot: on top of it, in order
             ns, kind, chunk, versions, target_versions = op.request
             maps._decide_and_apply(pid, index, ns, kind, chunk, versions, target_versions,
@@ -274,7 +289,8 @@ class ReplicaSyncService:
             self.lent[sid] = (sender, self.member.now() + self.config.backup_sync_interval,
                               loans)
         self.member.reply_ok(ident, header, [p.pack_items(diffed.items)], vectors=vectors,
-                             replaced=replaced, parts=parts, sid=sid)
+                             replaced=replaced, parts=parts, sid=sid,
+                             records=sorted(maps.invocations_of(pid)))
 
     def _on_done(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sid = header.get("sid")

@@ -14,7 +14,7 @@ Pure state: times are passed in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 NOT_RECORDED = object()
@@ -70,6 +70,27 @@ class InvocationRecords:
         hands them on with the data, so the partition's next owner answers resends too."""
         records = self._records
         return [(iid, records[iid][1]) for iid in self._by_pid.get(pid, ())]
+
+    def invocations(self, pid: int) -> set[str]:
+        """The invocation ids recorded as applied to ``pid``."""
+        return set(self._by_pid.get(pid, ()))
+
+    def forget_unknown(self, pid: int, iids: Iterable[str], known: Container[str]) -> None:
+        """Forget for ``pid`` each of ``iids`` that ``known`` lacks: a replica sync made this
+        replica's copy of ``pid`` the owner's, and ``known`` is what the owner remembers of
+        it (so the copy may not hold the others' writes)."""
+        records, by_pid = self._records, self._by_pid.get(pid)
+        if not by_pid:
+            return
+        for iid in iids:
+            if iid in known or iid not in by_pid:
+                continue
+            by_pid.discard(iid)
+            record = records.get(iid)
+            if record is not None:
+                record[0].discard(pid)  # (left empty, it still expires in its turn)
+        if not by_pid:
+            del self._by_pid[pid]
 
     def forget_partition(self, pid: int) -> None:
         """What was applied to ``pid`` is no longer known to be in it (its data was dropped,

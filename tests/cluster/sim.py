@@ -86,6 +86,8 @@ class SimNetwork:
         self.settled: set[tuple[str, int]] = set()  # (node, pid) slots settled this step
         self.owner_acked: dict[tuple[str, str], int] = {}  # (ns, key) -> newest value an
         # owner acknowledged (values of a key only grow)
+        # invocation id -> (namespace, value, partition -> keys): what the invocation writes
+        self.invocation_writes: dict[str, tuple[str, int, dict[int, list[bytes]]]] = {}
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -143,6 +145,7 @@ class SimNetwork:
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced
                 self.check_synced_backup(node)
+                self.check_records(node)
         changed = False
         for node in self.nodes.values():
             members, table = node.cluster.members, node.cluster.table
@@ -151,6 +154,8 @@ class SimNetwork:
             if last is not None and last[0] == members.version and last[1] == versions:
                 continue
             changed = True
+            if node.alive:
+                self.check_records(node)
             if last is not None:
                 if members.version < last[0]:
                     self.violation(f"{node.name}: member list version went back "
@@ -241,6 +246,30 @@ class SimNetwork:
             if got is None or deserialize_value(got) < value:
                 self.violation(f"a replica sync left synchronous backup {node.name} with "
                                f"{key}={got!r}, acknowledged {value}")
+
+    def check_records(self, node: SimNode) -> None:
+        """A replica's invocation record of a write means that its copy holds the write (or a
+        later one): a resend reaching it as owner is answered from the record and applied
+        nowhere, so a record whose write a sync or migration took away loses the write.
+        Checked where a replica sync was installed or the member's table changed; not for a
+        partition still arriving (a migration hands its records on with its first
+        fragment)."""
+        table, me = node.cluster.table, node.info.uuid
+        arriving = node.store.arriving_partitions()
+        records, writes = node.maps.records, self.invocation_writes
+        for pid in range(table.partition_count):
+            if pid in arriving or table.replica_index(pid, me) < 0:
+                continue
+            for iid, _ in records.of_partition(pid):
+                written = writes.get(iid)
+                if written is None:
+                    continue
+                ns, value, keys_of = written
+                for key_bytes in keys_of.get(pid, ()):
+                    got = node.store.get(pid, ns, key_bytes)
+                    if got is None or deserialize_value(got) < value:
+                        self.violation(f"{node.name} keeps the record of {iid} in partition "
+                                       f"{pid} but holds {key_bytes!r}={got!r}, not {value}")
 
     def check_local_reads(self, only: set[tuple[str, int]] | None) -> None:
         """What a client on the host could read from a member's memory now (workers/
@@ -639,12 +668,17 @@ class SimClient:
         key = f"{self.ident.decode()}-{index}"
         iid = f"{self.ident.decode()}:{self.counter}"
         deadline = self.net.time + self.net.config.invocation_timeout
+        keys = [f"{key}:{j}" for j in range(self.batch)] if self.batch and self.spread else \
+            [f"{{{key}}}{j}" for j in range(self.batch)] if self.batch else [key]
+        keys_of: dict[int, list[bytes]] = {}
+        for written in map(serialize_key, keys):
+            keys_of.setdefault(partition_id_of(written, self.table.partition_count),
+                               []).append(written)
+        self.net.invocation_writes[iid] = (self.ns, self.counter, keys_of)
         if self.batch and self.spread:
-            self.attempt_spread([f"{key}:{j}" for j in range(self.batch)], self.counter, iid,
-                                deadline, None)
+            self.attempt_spread(keys, self.counter, iid, deadline, None)
         elif self.batch:
-            self.attempt_batch([f"{{{key}}}{j}" for j in range(self.batch)], self.counter, iid,
-                               deadline)
+            self.attempt_batch(keys, self.counter, iid, deadline)
         else:
             self.attempt(key, self.counter, iid, deadline)
 

@@ -201,6 +201,8 @@ _op = st.one_of(
               st.integers(0, 3)),
     st.tuples(st.just("expire"), st.integers(0, 3)),
     st.tuples(st.just("forget"), st.integers(0, 4)),
+    st.tuples(st.just("forget_unknown"), st.integers(0, 4),
+              st.frozensets(st.sampled_from("abcdef")), st.frozensets(st.sampled_from("abcdef"))),
 )
 
 
@@ -231,12 +233,20 @@ def test_records_match_a_simple_model(ops, keep_s, max_records):
             records.forget_partition(op[1])
             for pids, _, _ in model.values():
                 pids.discard(op[1])
+        elif op[0] == "forget_unknown":
+            _, pid, iids, known = op
+            records.forget_unknown(pid, iids, known)
+            for iid in iids - known:
+                if iid in model:
+                    model[iid][0].discard(pid)
         else:
             now += op[1]
             records.expire(now=float(now))
             for iid in [k for k, v in model.items() if v[2] < now - keep_s]:
                 del model[iid]
         assert len(records) == len(model)
+        for pid in range(5):
+            assert records.invocations(pid) == {k for k, v in model.items() if pid in v[0]}
         for iid in "abcdef":
             for pid in range(5):
                 if iid in model and pid in model[iid][0]:
@@ -265,3 +275,20 @@ def test_a_forgotten_partition_answers_a_resend_as_new_and_hands_nothing_on():
     assert records.get(3, "i1") == b"old" and records.get(3, "i2") == b"new"
     records.expire(now=10.5)
     assert records.get(3, "i2") is NOT_RECORDED, "it expires by its first record's time"
+
+
+def test_forget_unknown_forgets_only_what_the_owner_does_not_know_of_that_partition():
+    """A replica sync made partition 3 a copy of its owner's: of the invocations recorded
+    here when the request left, those the owner does not know of are gone from the copy."""
+    records = InvocationRecords(keep_s=10.0)
+    records.record("stale", [3, 5], b"old", now=0.0)  # the owner of 3 never had it
+    records.record("known", [3], None, now=0.0)
+    records.record("since", [3], None, now=1.0)  # applied after the request left
+    records.forget_unknown(3, {"stale", "known", "elsewhere"}, {"known"})
+    assert records.get(3, "stale") is NOT_RECORDED
+    assert records.get(5, "stale") == b"old", "partition 5 still holds that write"
+    assert records.get(3, "known") is None and records.get(3, "since") is None
+    assert records.invocations(3) == {"known", "since"}
+    records.forget_unknown(3, {"known", "since"}, set())
+    assert records.invocations(3) == set() and records.of_partition(3) == []
+    records.forget_unknown(3, {"known"}, set())  # nothing left of 3: harmless

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from grid.cluster import replica_sync
+from grid.cluster.invocations import InvocationRecords
 from grid.partition.replica_versions import BackupDecision
 from tests.cluster.test_replica_sync_sim import CASES, check_case
 from tests.cluster.test_simulation_teeth import first_failure
+from tests.cluster.test_write_path import resend_to_an_async_backup_a_replica_sync_repaired
 from workers.replica_sync_service import ReplicaSyncService
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,3 +54,15 @@ def test_a_dirty_backup_that_drops_operations_until_its_sync_is_caught(monkeypat
     monkeypatch.setattr(BackupDecision, "apply", property(
         lambda self: self in (BackupDecision.APPLY, BackupDecision.APPLY_DIRTY)))
     assert caught(["two-sync-slow-answers-kill"], range(6))
+
+
+def test_a_sync_that_keeps_the_records_of_the_writes_it_took_away_is_caught(monkeypatch,
+                                                                             make_cluster):
+    """The backup's records stay as they were (the rule before this test): the resend is
+    answered as done from the record, and nothing holds the write."""
+    monkeypatch.setattr(InvocationRecords, "forget_unknown", lambda self, *args: None)
+    net = make_cluster(seed=21, backup_count=1, async_backup_count=2, nodes=5,
+                       backup_sync_interval=0.5)
+    answer, held = resend_to_an_async_backup_a_replica_sync_repaired(net)
+    assert answer["ok"] and held is None, "acknowledged, and lost"
+    assert any("keeps the record of w7" in v for v in net.violations), "sim.check_records"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from grid import protocol as p
+from grid.cluster.state import ClusterState
 from grid.serialization import partition_id_of, serialize_key, serialize_value
 from tests.cluster.sim import SimNetwork, SimNode, check_converged, replicas_differing
 from tests.cluster.test_simulation import TIMEOUT_S
@@ -292,6 +293,59 @@ def test_a_promoted_backup_brings_the_other_backups_up_to_date_before_it_answers
     assert probe.answer(resend)[0]["ok"]
     # At the moment the answer leaves, the other backup holds the write.
     assert second.store.get(pid, "m", serialize_key(key)) == serialize_value(5)
+
+
+def resend_to_an_async_backup_a_replica_sync_repaired(net: SimNetwork
+                                                       ) -> tuple[dict[str, Any], bytes | None]:
+    """A dead owner's write reached only its last asynchronous backup (index 3). The cluster
+    is NO_MIGRATION, so that backup keeps its index (no migration replaces its copy) and its
+    replica sync, ahead of the new owner, takes the write away. Then the two replicas before
+    it die, it becomes owner, and the client resends the write within its invocation
+    timeout. The resend's answer, and what the new owner holds of the key."""
+    master = net.master()
+    key, pid = key_where(net, lambda r: master.info.uuid not in r[:4])
+    owner, first, second, last = (node_of(net, u)
+                                  for u in master.cluster.table.replicas(pid)[:4])
+    probe = Probe(net)
+    rid = probe.send(master, p.CHANGE_STATE, [], state=ClusterState.NO_MIGRATION.value,
+                     timeout=3.0, k=net.config.cluster_secret)
+    net.run_until(net.time + 1.0)
+    assert probe.answer(rid)[0]["ok"]
+    key_bytes = serialize_key(key)
+    put = [key_bytes, serialize_value(7)]
+    net.invocation_writes["w7"] = ("m", 7, {pid: [key_bytes]})  # (for sim.check_records)
+    for backup in (first, second):
+        net.failing_links.add((owner.info.uuid.encode(), backup.info.endpoint))
+    probe.send(owner, p.PUT, put, ns="m", pid=pid, iid="w7")
+    sent = net.time
+    net.run_until(net.time + 0.2)
+    assert last.store.get(pid, "m", key_bytes) == put[1] and \
+        first.store.get(pid, "m", key_bytes) is None
+    net.kill(owner, "test")
+    net.failing_links.clear()
+    deadline = net.time + 3 * TIMEOUT_S
+    while not last.syncs.synced and net.time < deadline:
+        net.run_until(net.time + 0.01)
+    assert last.syncs.synced and last.cluster.table.replica_index(pid, last.info.uuid) == 3
+    assert last.store.get(pid, "m", key_bytes) is None, "the sync took the write away"
+    net.kill(first, "test")
+    net.kill(second, "test")
+    while last.cluster.table.owner(pid) != last.info.uuid and net.time < deadline:
+        net.run_until(net.time + 0.01)
+    assert net.time < sent + net.config.invocation_timeout, "a resend the client may make"
+    resend = probe.send(last, p.PUT, put, ns="m", pid=pid, iid="w7")
+    net.run_until(net.time + 1.0)
+    return probe.answer(resend)[0], last.store.get(pid, "m", key_bytes)
+
+
+def test_a_replica_sync_that_takes_a_write_away_takes_its_invocation_record_too(make_cluster):
+    """Kept, the record of the write would answer the resend as done, and nothing would hold
+    the acknowledged write (the record outlives the write by the invocation timeout)."""
+    net = make_cluster(seed=21, backup_count=1, async_backup_count=2, nodes=5,
+                       backup_sync_interval=0.5)
+    answer, held = resend_to_an_async_backup_a_replica_sync_repaired(net)
+    assert answer["ok"] and held == serialize_value(7)
+    assert net.violations == [], net.violations
 
 
 # Malformed variants of a good backup part [pid, versions, count, table version, invocation

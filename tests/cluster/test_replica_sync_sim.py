@@ -84,6 +84,10 @@ REGRESSIONS = [
     (92, "loss-join", "the invariant took a member for a synchronous backup by its own table, "
      "which had not yet heard that a migration moved the backup to the joined member: a "
      "false alarm for a write acknowledged after the move (sim.check_synced_backup)"),
+    (20, "loss-kill-master", "a replica sync took away a write a dead owner had sent to this "
+     "backup alone and left its invocation record (sim.check_records; "
+     "InvocationRecords.forget_unknown)"),
+    (38, "loss-kill", "as seed 20 loss-kill-master"),
 ]
 
 

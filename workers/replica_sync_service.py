@@ -198,7 +198,8 @@ class ReplicaSyncService:
         parts, owner_records = header.get("parts") or [], header.get("records")
         if not isinstance(vectors, dict) or not isinstance(replaced_wire, dict) or \
                 set(vectors) != set(namespaces) or set(replaced_wire) != set(namespaces) or \
-                len(frames) != 1 or not isinstance(owner_records, list):
+                len(frames) != 1 or not isinstance(owner_records, list) or \
+                not all(isinstance(iid, str) for iid in owner_records):
             raise ProtocolError("a replica sync answer carries versions and leaves per "
                                 "namespace asked for, the owner's invocations, and one "
                                 "frame of entries")

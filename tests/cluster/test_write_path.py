@@ -3,7 +3,8 @@ a failed backup send is sent again, never taken for an acknowledgement; a follow
 hearing the master follows it again; a write a backup cannot take yet waits, and nobody reads
 it before it is durable; a resent write returns its first outcome; a removed owner with no
 backup acknowledges nothing, and a removed owner answers no read; replacing a map's contents
-moves both maps' replica versions."""
+moves both maps' replica versions; a replica sync that takes a write away takes its invocation
+record too."""
 
 from __future__ import annotations
 
@@ -339,8 +340,8 @@ def resend_to_an_async_backup_a_replica_sync_repaired(net: SimNetwork
 
 
 def test_a_replica_sync_that_takes_a_write_away_takes_its_invocation_record_too(make_cluster):
-    """Kept, the record of the write would answer the resend as done, and nothing would hold
-    the acknowledged write (the record outlives the write by the invocation timeout)."""
+    """Kept, the record would answer the resend as done while nothing holds the write: an
+    acknowledged write lost."""
     net = make_cluster(seed=21, backup_count=1, async_backup_count=2, nodes=5,
                        backup_sync_interval=0.5)
     answer, held = resend_to_an_async_backup_a_replica_sync_repaired(net)

@@ -95,11 +95,7 @@ class InvocationRecords:
     def forget_partition(self, pid: int) -> None:
         """What was applied to ``pid`` is no longer known to be in it (its data was dropped,
         or replaced by another replica's): a resend to it must be applied again."""
-        records = self._records
-        for iid in self._by_pid.pop(pid, ()):
-            record = records.get(iid)
-            if record is not None:
-                record[0].discard(pid)  # (left empty, it still expires in its turn)
+        self.forget_unknown(pid, self.invocations(pid), ())
 
     def _forget(self, iid: str) -> None:
         record = self._records.pop(iid, None)

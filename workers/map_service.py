@@ -750,7 +750,7 @@ class MapService:
                 self.member.cluster.table.version(pid), None, False, None]
         self.order.enqueue(ticket)
         fields = {"ns": namespaces[0] if namespaces else "", "kind": SYNC_KIND, "parts": [part],
-                  "vectors": vectors, "records": self.records.of_partition(pid)}
+                  "vectors": vectors, "records": self.records_of(pid)}
         frames = [p.pack_items(items)]
         now = self.member.now()
         for uuid in sync:
@@ -1181,14 +1181,18 @@ class MapService:
         self.versions.clear(pid)
         self.take_namespaces(pid, chunk, vectors, index)
 
-    def invocations_of(self, pid: int) -> set[str]:
-        """The invocations applied here to ``pid``: recorded, or under way (applied, not
-        answered yet: recorded once answered)."""
-        iids = self.records.invocations(pid)
+    def records_of(self, pid: int) -> list[tuple[str, Any]]:
+        """(invocation id, outcome) of the invocations applied here to ``pid``: recorded, or
+        under way (applied, not answered yet: recorded once answered). What a migration or
+        a sync hands on with the partition's data, which holds their writes."""
+        records = self.records.of_partition(pid)
+        recorded = {iid for iid, _ in records}
         for iid, tickets in self.in_flight.items():
-            if any(pid in ticket.written for ticket in tickets):
-                iids.add(iid)
-        return iids
+            if iid not in recorded:
+                ticket = next((t for t in tickets if pid in t.written), None)
+                if ticket is not None:
+                    records.append((iid, ticket.outcome))
+        return records
 
     def take_records(self, pid: int, records: Any) -> None:
         """Invocation records that came with a partition (a sync or a migration): they

@@ -227,7 +227,7 @@ class MigrationService:
                   "last": not run.chunks and not run.fragments, "parts": chunk.parts,
                   "vectors": chunk.vectors, "leaves": chunk.leaves, "roots": chunk.roots}
         if run.first:
-            fields["records"] = self.member.maps.records.of_partition(pid)
+            fields["records"] = self.member.maps.records_of(pid)
             # What the destination keeps of what it holds: these namespaces, as the
             # differences say (no trees: nothing, every fragment comes whole).
             fields["basis"] = bool(run.trees)

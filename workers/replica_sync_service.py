@@ -15,9 +15,10 @@ backup operations asks its owner for the namespaces concerned and installs the a
   ``max_parallel_replications``; past it the owner answers "busy" and the backup asks later.
 - **Backup, installing:** ``plan_install`` says whether the snapshot can be installed given
   the operations applied while the request was out, and which of them to apply again on top.
-  The answer names the invocations the owner has applied to the partition; the backup forgets
-  its records of others made before it asked (writes the snapshot took away: seed 004 sync
-  with the invocation records of this project's resends).
+  The answer carries the owner's invocation records of the partition (id and outcome of
+  each write applied to it); the backup forgets its records of others made before it asked
+  (writes the snapshot took away) and takes those it lacks (writes the snapshot brought):
+  seed 004 sync with the invocation records of this project's resends.
 
 A partition's request ends with its answer, with no answer within the interval, or when the
 table changes the partition's owner or this member's replica index.
@@ -199,10 +200,13 @@ class ReplicaSyncService:
         if not isinstance(vectors, dict) or not isinstance(replaced_wire, dict) or \
                 set(vectors) != set(namespaces) or set(replaced_wire) != set(namespaces) or \
                 len(frames) != 1 or not isinstance(owner_records, list) or \
-                not all(isinstance(iid, str) for iid in owner_records):
+                not all(isinstance(record, list) and len(record) == 2
+                        and isinstance(record[0], str)
+                        and (record[1] is None or isinstance(record[1], bytes))
+                        for record in owner_records):
             raise ProtocolError("a replica sync answer carries versions and leaves per "
-                                "namespace asked for, the owner's invocations, and one "
-                                "frame of entries")
+                                "namespace asked for, the owner's invocation records "
+                                "([id, outcome] each), and one frame of entries")
         replaced = {ns: None if leaves is None else set(leaves)
                     for ns, leaves in replaced_wire.items()}
         snapshot = {ns: vectors[ns][index - 1] for ns in namespaces}
@@ -239,8 +243,13 @@ class ReplicaSyncService:
         # of a write the owner never had (its old owner died while sending it), which the
         # snapshot just took away: kept, it would answer a resend to this replica, once
         # owner, as done with nothing holding the write. Records made since stay: their
-        # writes came from this owner and are applied again on top.
-        maps.records.forget_unknown(pid, recorded, set(owner_records))
+        # writes came from this owner and are applied again on top. And the owner's records
+        # that this replica lacks are of writes the snapshot just brought (their operations
+        # missed here, or judged as already applied when they come): without them, a
+        # resend to this replica, once owner, would be applied again and answered with the
+        # write's own value as the previous one.
+        maps.records.forget_unknown(pid, recorded, {iid for iid, _ in owner_records})
+        maps.records.adopt(pid, owner_records, now)
         for op in again:  # newer than the snapshot: on top of it, in order
             ns, kind, chunk, versions, target_versions = op.request
             maps._decide_and_apply(pid, index, ns, kind, chunk, versions, target_versions,
@@ -291,7 +300,7 @@ class ReplicaSyncService:
                               loans)
         self.member.reply_ok(ident, header, [p.pack_items(diffed.items)], vectors=vectors,
                              replaced=replaced, parts=parts, sid=sid,
-                             records=sorted(maps.invocations_of(pid)))
+                             records=maps.records_of(pid))
 
     def _on_done(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         sid = header.get("sid")

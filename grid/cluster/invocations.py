@@ -92,6 +92,14 @@ class InvocationRecords:
         if not by_pid:
             del self._by_pid[pid]
 
+    def adopt(self, pid: int, records: Iterable[tuple[str, Any]], now: float) -> None:
+        """Take another replica's records of ``pid`` (invocation id, outcome) where this one
+        has none of the invocation for ``pid``: a replica sync made this replica's copy its
+        owner's, which holds those writes, so a resend must be answered as they were."""
+        for iid, outcome in records:
+            if self.get(pid, iid) is NOT_RECORDED:
+                self.record(iid, (pid,), outcome, now)
+
     def forget_partition(self, pid: int) -> None:
         """What was applied to ``pid`` is no longer known to be in it (its data was dropped,
         or replaced by another replica's): a resend to it must be applied again."""

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grid import protocol as p
+from grid.cluster.invocations import NOT_RECORDED
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
 from grid.local_reads import SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
@@ -88,6 +89,8 @@ class SimNetwork:
         # owner acknowledged (values of a key only grow)
         # invocation id -> (namespace, value, partition -> keys): what the invocation writes
         self.invocation_writes: dict[str, tuple[str, int, dict[int, list[bytes]]]] = {}
+        # invocation id -> until when its client may resend it (not answered yet)
+        self.resendable: dict[str, float] = {}
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -250,13 +253,28 @@ class SimNetwork:
     def check_records(self, node: SimNode) -> None:
         """A replica's invocation record of a write means that its copy holds the write (or a
         later one): a resend reaching it as owner is answered from the record and applied
-        nowhere, so a record whose write a sync or migration took away loses the write.
-        Checked where a replica sync was installed or the member's table changed; not for a
-        partition still arriving (a migration hands its records on with its first
-        fragment)."""
+        nowhere, so a record whose write a sync or migration took away loses the write. And
+        a copy that holds a write its client may still resend has its record (or, on the
+        owner, the write under way): else that resend, reaching it as owner, is applied
+        again and answered with the write's own value as the previous one. Checked where a
+        replica sync was installed or the member's table changed; not for a partition still
+        arriving (a migration hands its records on with its first fragment)."""
         table, me = node.cluster.table, node.info.uuid
         arriving = node.store.arriving_partitions()
         records, writes = node.maps.records, self.invocation_writes
+        for iid, until in self.resendable.items():
+            if until < self.time:
+                continue
+            ns, value, keys_of = writes[iid]
+            for pid, keys in keys_of.items():
+                if pid in arriving or table.replica_index(pid, me) < 0 or \
+                        records.get(pid, iid) is not NOT_RECORDED or \
+                        node.maps._under_way(pid, iid) is not None:
+                    continue
+                held = [node.store.get(pid, ns, key_bytes) for key_bytes in keys]
+                if all(got is not None and deserialize_value(got) == value for got in held):
+                    self.violation(f"{node.name} holds the write of {iid} in partition {pid}, "
+                                   f"which its client may resend, without its record")
         for pid in range(table.partition_count):
             if pid in arriving or table.replica_index(pid, me) < 0:
                 continue
@@ -675,6 +693,8 @@ class SimClient:
             keys_of.setdefault(partition_id_of(written, self.table.partition_count),
                                []).append(written)
         self.net.invocation_writes[iid] = (self.ns, self.counter, keys_of)
+        self.net.resendable.pop(f"{self.ident.decode()}:{self.counter - 1}", None)  # answered
+        self.net.resendable[iid] = deadline
         if self.batch and self.spread:
             self.attempt_spread(keys, self.counter, iid, deadline, None)
         elif self.batch:

@@ -203,6 +203,9 @@ _op = st.one_of(
     st.tuples(st.just("forget"), st.integers(0, 4)),
     st.tuples(st.just("forget_unknown"), st.integers(0, 4),
               st.frozensets(st.sampled_from("abcdef")), st.frozensets(st.sampled_from("abcdef"))),
+    st.tuples(st.just("adopt"), st.integers(0, 4),
+              st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 99)), max_size=4),
+              st.integers(0, 3)),
 )
 
 
@@ -214,21 +217,32 @@ def test_records_match_a_simple_model(ops, keep_s, max_records):
     records = InvocationRecords(keep_s=float(keep_s), max_records=max_records)
     model: dict[str, tuple[set[int], int, int]] = {}  # iid -> (pids, outcome, recorded at)
     now = 0
+
+    def model_record(iid: str, pids: set[int], outcome: int) -> None:
+        if iid in model and model[iid][0]:
+            model[iid][0].update(pids)
+        elif iid in model:  # every partition forgot it: this outcome is the first now
+            model[iid] = (set(pids), outcome, model[iid][2])
+        else:
+            model[iid] = (set(pids), outcome, now)
+            while len(model) > max_records:
+                oldest = min(model, key=lambda k: model[k][2])
+                # Ties in time are broken by insertion order, which dict order keeps.
+                del model[oldest]
+
     for op in ops:
         if op[0] == "record":
             _, iid, pids, outcome, advance = op
             now += advance
             records.record(iid, pids, outcome, now=float(now))
-            if iid in model and model[iid][0]:
-                model[iid][0].update(pids)
-            elif iid in model:  # every partition forgot it: this outcome is the first now
-                model[iid] = (set(pids), outcome, model[iid][2])
-            else:
-                model[iid] = (set(pids), outcome, now)
-                while len(model) > max_records:
-                    oldest = min(model, key=lambda k: model[k][2])
-                    # Ties in time are broken by insertion order, which dict order keeps.
-                    del model[oldest]
+            model_record(iid, set(pids), outcome)
+        elif op[0] == "adopt":
+            _, pid, owner_records, advance = op
+            now += advance
+            records.adopt(pid, owner_records, now=float(now))
+            for iid, outcome in owner_records:
+                if iid not in model or pid not in model[iid][0]:
+                    model_record(iid, {pid}, outcome)
         elif op[0] == "forget":
             records.forget_partition(op[1])
             for pids, _, _ in model.values():
@@ -292,3 +306,20 @@ def test_forget_unknown_forgets_only_what_the_owner_does_not_know_of_that_partit
     records.forget_unknown(3, {"known", "since"}, set())
     assert records.invocations(3) == set() and records.of_partition(3) == []
     records.forget_unknown(3, {"known"}, set())  # nothing left of 3: harmless
+
+
+def test_adopt_takes_the_owners_records_this_replica_lacks_and_keeps_its_own():
+    """A replica sync brought partition 3's writes from its owner: a write recorded there and
+    not here is recorded here with the owner's outcome; one recorded here keeps this
+    replica's; a batch recorded here for another partition gains partition 3 and keeps its
+    first outcome."""
+    records = InvocationRecords(keep_s=10.0)
+    records.record("mine", [3], b"here", now=0.0)
+    records.record("batch", [5], None, now=0.0)
+    records.adopt(3, [("missed", b"prev"), ("mine", b"owner's"), ("batch", None)], now=2.0)
+    assert records.get(3, "missed") == b"prev"
+    assert records.get(3, "mine") == b"here"
+    assert records.get(3, "batch") is None and records.get(5, "batch") is None
+    assert records.invocations(3) == {"missed", "mine", "batch"}
+    records.expire(now=12.5)
+    assert records.get(3, "missed") is NOT_RECORDED, "kept keep_s from when it was adopted"

@@ -4,7 +4,7 @@ hearing the master follows it again; a write a backup cannot take yet waits, and
 it before it is durable; a resent write returns its first outcome; a removed owner with no
 backup acknowledges nothing, and a removed owner answers no read; replacing a map's contents
 moves both maps' replica versions; a replica sync that takes a write away takes its invocation
-record too."""
+record too, and one that brings a write brings its record."""
 
 from __future__ import annotations
 
@@ -525,3 +525,55 @@ def test_a_backup_waiting_for_a_sync_is_not_stuck_when_its_owner_leaves(make_clu
         if node.info.uuid in net.master().cluster.table.replicas(pid):
             assert node.store.get(pid, "m", k) == serialize_value(2)
     assert replicas_differing(net) == [], net.log
+
+
+def resend_to_a_backup_a_replica_sync_brought_the_write_to(net: SimNetwork
+                                                           ) -> tuple[list[bytes], Any]:
+    """An owner's write reached its synchronous backup, not its asynchronous one (index 2),
+    and was answered; its answer was lost on the way. A replica sync brought the write to
+    the asynchronous backup (its copy fell behind); then the two replicas before it die, it
+    becomes owner, and the client resends the write within its invocation timeout. What
+    the resend is answered (the previous value, as frames) and the outcome the backup
+    recorded for the write after the sync."""
+    master = net.master()
+    key, pid = key_where(net, lambda r: master.info.uuid not in r[:3])
+    owner, first, last = (node_of(net, u) for u in master.cluster.table.replicas(pid)[:3])
+    probe = Probe(net)
+    key_bytes = serialize_key(key)
+    put = [key_bytes, serialize_value(7)]
+    net.invocation_writes["w7"] = ("m", 7, {pid: [key_bytes]})  # (for sim.check_records)
+    net.failing_links.add((owner.info.uuid.encode(), last.info.endpoint))
+    rid = probe.send(owner, p.PUT, put, ns="m", pid=pid, iid="w7")
+    sent = net.time
+    net.resendable["w7"] = sent + net.config.invocation_timeout  # (for sim.check_records)
+    net.run_until(net.time + 0.2)
+    assert probe.answer(rid)[0]["ok"] and first.store.get(pid, "m", key_bytes) == put[1]
+    assert last.store.get(pid, "m", key_bytes) is None
+    net.failing_links.clear()
+    deadline = net.time + 3 * TIMEOUT_S
+    while last.store.get(pid, "m", key_bytes) is None and net.time < deadline:
+        net.run_until(net.time + 0.01)
+    assert last.syncs.synced and last.store.get(pid, "m", key_bytes) == put[1]
+    recorded = last.maps.records.get(pid, "w7")
+    net.kill(owner, "test")
+    net.kill(first, "test")
+    while last.cluster.table.owner(pid) != last.info.uuid and net.time < deadline:
+        net.run_until(net.time + 0.01)
+    assert net.time < sent + net.config.invocation_timeout, "a resend the client may make"
+    resend = probe.send(last, p.PUT, put, ns="m", pid=pid, iid="w7")
+    net.run_until(net.time + 1.0)
+    header, frames = probe.answer(resend)
+    assert header["ok"], header
+    return frames, recorded
+
+
+def test_a_replica_sync_that_brings_a_write_brings_its_invocation_record_too(make_cluster):
+    """Without the record, the new owner applies the resend again and answers it with the
+    write's own value as the previous one (a put_if_absent would say "present" to the caller
+    that stored it)."""
+    net = make_cluster(seed=21, backup_count=1, async_backup_count=1, nodes=5,
+                       backup_sync_interval=0.5)
+    frames, recorded = resend_to_a_backup_a_replica_sync_brought_the_write_to(net)
+    assert recorded is None, "the sync brought the record of the write, and its outcome"
+    assert frames == [], f"the resend answered {frames!r} as the previous value, not None"
+    assert net.violations == [], net.violations

@@ -329,14 +329,24 @@ def resend_to_an_async_backup_a_replica_sync_repaired(net: SimNetwork
         net.run_until(net.time + 0.01)
     assert last.syncs.synced and last.cluster.table.replica_index(pid, last.info.uuid) == 3
     assert last.store.get(pid, "m", key_bytes) is None, "the sync took the write away"
-    net.kill(first, "test")
-    net.kill(second, "test")
+    header, _ = resend_once_owner(net, probe, last, pid, put, sent, deadline, first, second)
+    return header, last.store.get(pid, "m", key_bytes)
+
+
+def resend_once_owner(net: SimNetwork, probe: Probe, last: SimNode, pid: int,
+                      put: list[bytes], sent: float, deadline: float, *dying: SimNode
+                      ) -> tuple[dict[str, Any], list[bytes]]:
+    """Kill the replicas before ``last``; once it owns ``pid``, resend the PUT ``put`` of
+    invocation w7 (first sent at ``sent``) to it, within the client's invocation timeout.
+    The resend's answer."""
+    for node in dying:
+        net.kill(node, "test")
     while last.cluster.table.owner(pid) != last.info.uuid and net.time < deadline:
         net.run_until(net.time + 0.01)
     assert net.time < sent + net.config.invocation_timeout, "a resend the client may make"
     resend = probe.send(last, p.PUT, put, ns="m", pid=pid, iid="w7")
     net.run_until(net.time + 1.0)
-    return probe.answer(resend)[0], last.store.get(pid, "m", key_bytes)
+    return probe.answer(resend)
 
 
 def test_a_replica_sync_that_takes_a_write_away_takes_its_invocation_record_too(make_cluster):
@@ -555,14 +565,7 @@ def resend_to_a_backup_a_replica_sync_brought_the_write_to(net: SimNetwork
         net.run_until(net.time + 0.01)
     assert last.syncs.synced and last.store.get(pid, "m", key_bytes) == put[1]
     recorded = last.maps.records.get(pid, "w7")
-    net.kill(owner, "test")
-    net.kill(first, "test")
-    while last.cluster.table.owner(pid) != last.info.uuid and net.time < deadline:
-        net.run_until(net.time + 0.01)
-    assert net.time < sent + net.config.invocation_timeout, "a resend the client may make"
-    resend = probe.send(last, p.PUT, put, ns="m", pid=pid, iid="w7")
-    net.run_until(net.time + 1.0)
-    header, frames = probe.answer(resend)
+    header, frames = resend_once_owner(net, probe, last, pid, put, sent, deadline, owner, first)
     assert header["ok"], header
     return frames, recorded
 

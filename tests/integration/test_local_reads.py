@@ -164,12 +164,13 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
             scanned.update(zip(keys, values, strict=True))
         assert scanned == {f"k{i}": {"i": i} for i in range(500)}
         hits, misses = local._local.hits - hits, local._local.misses - misses
-        assert local._local.oversized - oversized == larger > 0
+        oversized = local._local.oversized - oversized
         assert hits + misses == reader.partition_count
         # A partition may also be left to its owner when its read does not settle in time on
-        # a loaded machine (seqlock retries, the owner's lease): a miss, not an oversized one
-        # (seen once in CI: 95 misses for 94 oversized partitions).
-        assert larger <= misses <= larger + 2
+        # a loaded machine (seqlock retries, the owner's lease): a miss, not an oversized one,
+        # whether it is larger than the limit or not (seen in CI: 95 misses for 94 oversized
+        # partitions; and 93 oversized of 94 larger ones). At most two such misses here.
+        assert 0 < oversized <= larger <= misses <= oversized + 2
         source.put("k1", "new")
         source.remove("k2")
         assert local.get("k1") == "new" and local.get("k2") is None

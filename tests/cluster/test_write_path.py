@@ -540,7 +540,7 @@ def test_a_backup_waiting_for_a_sync_is_not_stuck_when_its_owner_leaves(make_clu
 def resend_to_a_backup_a_replica_sync_brought_the_write_to(net: SimNetwork
                                                            ) -> tuple[list[bytes], Any]:
     """An owner's write reached its synchronous backup, not its asynchronous one (index 2),
-    and was answered; its answer was lost on the way. A replica sync brought the write to
+    and was answered (the client takes the answer as lost). A replica sync brought the write to
     the asynchronous backup (its copy fell behind); then the two replicas before it die, it
     becomes owner, and the client resends the write within its invocation timeout. What
     the resend is answered (the previous value, as frames) and the outcome the backup

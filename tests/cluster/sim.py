@@ -610,6 +610,7 @@ class SimClient:
         self.members = MemberList()
         self.table = PartitionTable(partition_count=net.config.partition_count)
         self.counter = 0
+        self.iid: str | None = None  # the invocation of the write under way
         self.stopped = False
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.greeted: set[str] = set()  # endpoints told our client id (a backup answers us)
@@ -693,8 +694,9 @@ class SimClient:
             keys_of.setdefault(partition_id_of(written, self.table.partition_count),
                                []).append(written)
         self.net.invocation_writes[iid] = (self.ns, self.counter, keys_of)
-        self.net.resendable.pop(f"{self.ident.decode()}:{self.counter - 1}", None)  # answered
+        self.net.resendable.pop(self.iid, None)  # answered, or given up: never resent
         self.net.resendable[iid] = deadline
+        self.iid = iid
         if self.batch and self.spread:
             self.attempt_spread(keys, self.counter, iid, deadline, None)
         elif self.batch:

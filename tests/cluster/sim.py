@@ -25,7 +25,7 @@ import itertools
 import random
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from grid import protocol as p
@@ -85,10 +85,15 @@ class SimNetwork:
         self.assigned: set[str] = set()  # nodes whose table had every partition owned
         self.syncs_seen: dict[str, int] = {}  # node -> replica syncs it had installed
         self.settled: set[tuple[str, int]] = set()  # (node, pid) slots settled this step
+        # (node, pid) -> the keys whose data changed this step (None: any of the partition's),
+        # where data, invocation records or writes under way changed (SimNode.watch_rewrites)
+        self.rewritten: dict[tuple[SimNode, int], set[bytes] | None] = {}
         self.owner_acked: dict[tuple[str, str], int] = {}  # (ns, key) -> newest value an
         # owner acknowledged (values of a key only grow)
         # invocation id -> (namespace, value, partition -> keys): what the invocation writes
         self.invocation_writes: dict[str, tuple[str, int, dict[int, list[bytes]]]] = {}
+        # (partition, key) -> the invocations that write it, oldest (smallest value) first
+        self.writes_of_key: dict[tuple[int, bytes], list[str]] = {}
         # invocation id -> until when its client may resend it (not answered yet)
         self.resendable: dict[str, float] = {}
 
@@ -144,11 +149,18 @@ class SimNetwork:
         if self.settled:
             settled, self.settled = self.settled, set()
             self.check_local_reads(settled)
+        if self.rewritten:
+            rewritten = sorted(self.rewritten.items(), key=lambda item: (item[0][0].name,
+                                                                          item[0][1]))
+            self.rewritten.clear()  # (in place: each node's watches add to it)
+            for (node, pid), keys in rewritten:
+                if node.alive:
+                    self.check_records(node, {pid: keys})
         for node in self.nodes.values():
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced
                 self.check_synced_backup(node)
-                self.check_records(node)
+                self.check_records(node, dict.fromkeys(range(node.cluster.table.partition_count)))
         changed = False
         for node in self.nodes.values():
             members, table = node.cluster.members, node.cluster.table
@@ -158,7 +170,7 @@ class SimNetwork:
                 continue
             changed = True
             if node.alive:
-                self.check_records(node)
+                self.check_records(node, dict.fromkeys(range(node.cluster.table.partition_count)))
             if last is not None:
                 if members.version < last[0]:
                     self.violation(f"{node.name}: member list version went back "
@@ -250,44 +262,62 @@ class SimNetwork:
                 self.violation(f"a replica sync left synchronous backup {node.name} with "
                                f"{key}={got!r}, acknowledged {value}")
 
-    def check_records(self, node: SimNode) -> None:
-        """A replica's invocation record of a write means that its copy holds the write (or a
-        later one): a resend reaching it as owner is answered from the record and applied
-        nowhere, so a record whose write a sync or migration took away loses the write. And
-        a copy that holds a write its client may still resend has its record (or, on the
-        owner, the write under way): else that resend, reaching it as owner, is applied
-        again and answered with the write's own value as the previous one. Checked where a
-        replica sync was installed or the member's table changed; not for a partition still
-        arriving (a migration hands its records on with its first fragment)."""
+    def check_records(self, node: SimNode, changed: dict[int, set[bytes] | None]) -> None:
+        """Where ``node`` is a replica of a partition of ``changed`` (not one still arriving: a
+        migration hands its records on with its first fragment):
+
+        - its invocation record of a write means that its copy holds the write (or a later
+          one): a resend reaching it as owner is answered from the record and applied
+          nowhere, so a record whose write a sync, migration or stale operation took away
+          loses the write;
+        - its copy that holds a write whose client may still resend it has the write's
+          record (or, on the owner, the write under way): else that resend, reaching it as
+          owner, is applied again and answered with the write's own value as the previous
+          one.
+
+        After every step for the partitions whose data, records or writes under way changed
+        in it (the records of the keys that changed: ``changed`` maps a partition to them,
+        or to None for all), and for all of a member's when its table changed or it
+        installed a sync."""
         table, me = node.cluster.table, node.info.uuid
         arriving = node.store.arriving_partitions()
-        records, writes = node.maps.records, self.invocation_writes
-        for iid, until in self.resendable.items():
-            if until < self.time:
-                continue
-            ns, value, keys_of = writes[iid]
-            for pid, keys in keys_of.items():
-                if pid in arriving or table.replica_index(pid, me) < 0 or \
-                        records.get(pid, iid) is not NOT_RECORDED or \
-                        node.maps._under_way(pid, iid) is not None:
-                    continue
-                held = [node.store.get(pid, ns, key_bytes) for key_bytes in keys]
-                if all(got is not None and deserialize_value(got) == value for got in held):
-                    self.violation(f"{node.name} holds the write of {iid} in partition {pid}, "
-                                   f"which its client may resend, without its record")
-        for pid in range(table.partition_count):
+        records, writes, store = node.maps.records, self.invocation_writes, node.store
+        resendable = [iid for iid, until in self.resendable.items() if until >= self.time]
+        for pid, keys_changed in changed.items():
             if pid in arriving or table.replica_index(pid, me) < 0:
                 continue
-            for iid, _ in records.of_partition(pid):
+            if keys_changed is not None:  # the newest write recorded of each key is the one
+                for key_bytes in keys_changed:  # to hold (values of a key only grow)
+                    for iid in reversed(self.writes_of_key.get((pid, key_bytes), ())):
+                        if records.get(pid, iid) is NOT_RECORDED:
+                            continue
+                        ns, value, _ = writes[iid]
+                        got = store.get(pid, ns, key_bytes)
+                        if got is None or deserialize_value(got) < value:
+                            self.violation(f"{node.name} keeps the record of {iid} in "
+                                           f"partition {pid} but holds {key_bytes!r}={got!r}, "
+                                           f"not {value}")
+                        break
+            for iid, _ in records.of_partition(pid) if keys_changed is None else ():
                 written = writes.get(iid)
                 if written is None:
                     continue
                 ns, value, keys_of = written
                 for key_bytes in keys_of.get(pid, ()):
-                    got = node.store.get(pid, ns, key_bytes)
+                    got = store.get(pid, ns, key_bytes)
                     if got is None or deserialize_value(got) < value:
                         self.violation(f"{node.name} keeps the record of {iid} in partition "
                                        f"{pid} but holds {key_bytes!r}={got!r}, not {value}")
+            for iid in resendable:
+                ns, value, keys_of = writes[iid]
+                keys = keys_of.get(pid)
+                if keys is None or records.get(pid, iid) is not NOT_RECORDED or \
+                        node.maps._under_way(pid, iid) is not None:
+                    continue
+                held = [store.get(pid, ns, key_bytes) for key_bytes in keys]
+                if all(got is not None and deserialize_value(got) == value for got in held):
+                    self.violation(f"{node.name} holds the write of {iid} in partition {pid}, "
+                                   f"which its client may resend, without its record")
 
     def check_local_reads(self, only: set[tuple[str, int]] | None) -> None:
         """What a client on the host could read from a member's memory now (workers/
@@ -486,6 +516,70 @@ class SimNode(Node):
 
         self.store.settle = settle_seen  # type: ignore[method-assign]
         self.maps.publish("m")
+        self.watch_rewrites()
+
+    def watch_rewrites(self) -> None:
+        """Note what changes a partition's data (the keys, where known), its invocation
+        records or its writes under way, for the record check after the step
+        (``SimNetwork.check_records``)."""
+        rewritten, store, records = self.net.rewritten, self.store, self.maps.records
+        writes = self.net.invocation_writes
+
+        def mark(pid: int, keys: Iterable[bytes] | None) -> None:
+            slot = (self, pid)
+            if keys is None:
+                rewritten[slot] = None
+            elif slot not in rewritten:
+                rewritten[slot] = set(keys)
+            elif rewritten[slot] is not None:
+                rewritten[slot].update(keys)  # type: ignore[union-attr]
+
+        def recorded_keys(iid: str, pid: int) -> list[bytes]:
+            written = writes.get(iid)
+            return [] if written is None else written[2].get(pid, [])
+
+        def watch(owner: Any, method: str,
+                  touched: Callable[..., Iterable[tuple[int, Iterable[bytes] | None]]]) -> None:
+            original = getattr(owner, method)
+
+            def watched(*args: Any) -> Any:
+                for pid, keys in touched(*args):
+                    mark(pid, keys)
+                return original(*args)
+
+            setattr(owner, method, watched)
+
+        for method in ("clear", "move_fragment", "replace_leaves", "receive", "drop_partition"):
+            watch(store, method, lambda pid, *_: [(pid, None)])
+        watch(store, "put", lambda pid, _ns, key, _value: [(pid, (key,))])
+        watch(store, "remove", lambda pid, _ns, key: [(pid, (key,))])
+        watch(store, "put_groups", lambda _ns, groups: [(pid, items[::2]) for pid, items in groups])
+        put_many = store.put_many
+
+        def put_many_watched(pid: int, namespace: str, pairs: Iterable[tuple[bytes, bytes]]
+                             ) -> None:
+            pairs = list(pairs)
+            mark(pid, [key for key, _ in pairs])
+            put_many(pid, namespace, pairs)
+
+        store.put_many = put_many_watched  # type: ignore[method-assign]
+        record = records.record
+
+        def record_watched(iid: str, pids: Iterable[int], *args: Any) -> None:
+            pids = list(pids)
+            for pid in pids:
+                mark(pid, recorded_keys(iid, pid))
+            record(iid, pids, *args)
+
+        records.record = record_watched  # type: ignore[method-assign]
+        watch(records, "adopt", lambda pid, adopted, *_: [
+            (pid, [key for iid, _ in adopted for key in recorded_keys(iid, pid)])])
+        # What takes a record or a write under way away (no data changes): the data it leaves
+        # must not be a resendable write's.
+        watch(records, "forget_unknown", lambda pid, *_: [(pid, ())])
+        watch(records, "_forget", lambda iid: [(pid, ()) for pid in
+                                               records._records.get(iid, ((), None))[0]])
+        watch(self.maps, "_answer", lambda ticket: [(pid, ()) for pid in ticket.written])
 
     def now(self) -> float:
         return self.net.time
@@ -694,6 +788,9 @@ class SimClient:
             keys_of.setdefault(partition_id_of(written, self.table.partition_count),
                                []).append(written)
         self.net.invocation_writes[iid] = (self.ns, self.counter, keys_of)
+        for pid, written_keys in keys_of.items():
+            for written in written_keys:
+                self.net.writes_of_key.setdefault((pid, written), []).append(iid)
         self.net.resendable.pop(self.iid, None)  # answered, or given up: never resent
         self.net.resendable[iid] = deadline
         self.iid = iid

@@ -150,12 +150,14 @@ class SimNetwork:
             settled, self.settled = self.settled, set()
             self.check_local_reads(settled)
         if self.rewritten:
-            rewritten = sorted(self.rewritten.items(), key=lambda item: (item[0][0].name,
-                                                                          item[0][1]))
+            by_node: dict[SimNode, dict[int, set[bytes] | None]] = {}
+            for (node, pid), keys in sorted(self.rewritten.items(),
+                                            key=lambda item: (item[0][0].name, item[0][1])):
+                by_node.setdefault(node, {})[pid] = keys
             self.rewritten.clear()  # (in place: each node's watches add to it)
-            for (node, pid), keys in rewritten:
+            for node, changed in by_node.items():
                 if node.alive:
-                    self.check_records(node, {pid: keys})
+                    self.check_records(node, changed)
         for node in self.nodes.values():
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced

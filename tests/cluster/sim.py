@@ -162,7 +162,6 @@ class SimNetwork:
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced
                 self.check_synced_backup(node)
-                self.check_records(node, dict.fromkeys(range(node.cluster.table.partition_count)))
         changed = False
         for node in self.nodes.values():
             members, table = node.cluster.members, node.cluster.table
@@ -279,8 +278,9 @@ class SimNetwork:
 
         After every step for the partitions whose data, records or writes under way changed
         in it (the records of the keys that changed: ``changed`` maps a partition to them,
-        or to None for all), and for all of a member's when its table changed or it
-        installed a sync."""
+        or to None for all; an installed sync or migration notes its whole partition), and
+        for all of a member's when its table changed (which moves what it replicates and
+        what is still arriving, its data untouched)."""
         table, me = node.cluster.table, node.info.uuid
         arriving = node.store.arriving_partitions()
         records, writes, store = node.maps.records, self.invocation_writes, node.store

@@ -62,6 +62,7 @@ class SimNetwork:
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.nodes: dict[str, SimNode] = {}  # by endpoint
+        self.uuids: dict[str, SimNode] = {}  # by member uuid
         self.channel_clock: dict[tuple[Any, Any], float] = {}
         self.link_delay: dict[tuple[Any, Any], float] = {}  # each link's own base delay
         self.slow_links: dict[tuple[Any, Any], tuple[float, float]] = {}  # until, extra delay
@@ -78,7 +79,7 @@ class SimNetwork:
         self.log: list[str] = []
         self.violations: list[str] = []
         self.fencing = True  # False: the supervisor is down, nobody kills removed members
-        self.views: dict[str, tuple[int, tuple[int, ...]]] = {}  # node -> members v, table vs
+        self.views: dict[str, tuple[int, list[int]]] = {}  # node -> members v, table vs
         # (client, request id) -> the (key, value) pairs it writes
         self.pending_writes: dict[tuple[bytes, int], list[tuple[str, int]]] = {}
         self.pending_reads: dict[tuple[bytes, int], str] = {}  # (reader, rid) -> key
@@ -166,7 +167,7 @@ class SimNetwork:
         for node in self.nodes.values():
             members, table = node.cluster.members, node.cluster.table
             last = self.views.get(node.name)
-            versions = table.versions()
+            versions = table.live_rows()[1]  # (the table's own list: compared, not copied)
             if last is not None and last[0] == members.version and last[1] == versions:
                 continue
             changed = True
@@ -178,7 +179,7 @@ class SimNetwork:
                                    f"{last[0]} -> {members.version}")
                 if any(new < old for new, old in zip(versions, last[1], strict=True)):
                     self.violation(f"{node.name}: a partition version went back")
-            self.views[node.name] = (members.version, versions)
+            self.views[node.name] = (members.version, list(versions))
         if changed:
             self.check_local_reads(None)
             # Once assigned, a master's table gives every partition an owner, always (a
@@ -335,6 +336,7 @@ class SimNetwork:
                      default=None)
         if only is None:
             self.check_served_flags()
+        synchronous = slice(1, 1 + self.config.backup_count)
         for node in self.alive():
             local = node.store.local
             if local is None or local.closed or \
@@ -364,17 +366,16 @@ class SimNetwork:
                     self.violation(f"{node.name} serves partition {pid} to local readers "
                                    f"with no shared index of its {fragment.count} records: "
                                    f"they would read every key absent")
-                for key_bytes, value in node.store.items(pid, "m"):
-                    seen = deserialize_value(value)
-                    for uuid_ in self.newest_replicas(pid)[1:1 + self.config.backup_count]:
-                        backup = self.by_uuid(uuid_) if uuid_ else None
-                        if backup is None:
-                            continue
+                backups = [backup for uuid_ in self.newest_replicas(pid)[synchronous]
+                           if uuid_ and (backup := self.by_uuid(uuid_)) is not None]
+                for key_bytes, value in node.store.items(pid, "m") if backups else ():
+                    for backup in backups:
                         held = backup.store.get(pid, "m", key_bytes)
-                        if held is None or deserialize_value(held) < seen:
+                        if held != value and (held is None or deserialize_value(held) <
+                                              deserialize_value(value)):
                             self.violation(f"local readers of {node.name} may see "
-                                           f"{key_bytes!r}={seen}, which {backup.name} does "
-                                           f"not hold yet")
+                                           f"{key_bytes!r}={deserialize_value(value)}, which "
+                                           f"{backup.name} does not hold yet")
 
     def check_served_flags(self) -> None:
         """A member serves local readers exactly the partitions it owns while it is ready:
@@ -425,12 +426,13 @@ class SimNetwork:
         node = SimNode(self, f"member-{len(self.nodes)}", join, lite)
         self._stores.append(node.store)
         self.nodes[node.info.endpoint] = node
+        self.uuids[node.info.uuid] = node
         node.cluster.start()
         self.at(self.time + TICK_S, node.timer)
         return node
 
     def by_uuid(self, member_uuid: str) -> SimNode | None:
-        return next((n for n in self.nodes.values() if n.info.uuid == member_uuid), None)
+        return self.uuids.get(member_uuid)
 
     def alive(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.alive]

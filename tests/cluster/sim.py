@@ -46,12 +46,13 @@ from workers.shm import remove_segments
 
 TICK_S = 0.1
 # The record store's and invocation records' methods that change a partition's data or its
-# records, which SimNode.watch_rewrites notes for the record check, and those that do not.
-# test_simulation_teeth checks that every method of the two classes is in one of them, so a
-# new way to change a partition cannot go unnoticed by the check.
+# records, which SimNode.watch_rewrites notes for the record check, and the others: they
+# leave both as they are, or change them only through a watched one (expire forgets through
+# _forget). test_simulation_watches checks that every method of the two classes is in one of
+# them, so a new way to change a partition cannot go unnoticed by the check.
 STORE_REWRITES = frozenset({"clear", "move_fragment", "replace_leaves", "receive",
                             "drop_partition", "put", "remove", "put_groups", "put_many"})
-STORE_READS = frozenset({
+STORE_UNWATCHED = frozenset({
     "arriving_partitions", "close", "concatenated", "concatenated_from", "contains",
     "found_in", "get", "get_many", "items", "leaf_entries", "live_bytes", "namespaces",
     "new_segment", "partitions", "segment_prefix", "shm_bytes", "size", "tree",
@@ -59,8 +60,8 @@ STORE_READS = frozenset({
     "publish", "settle",  # (the shared index for local reads: checked by check_local_reads)
 })
 RECORDS_REWRITES = frozenset({"record", "adopt", "forget_unknown", "forget_partition",
-                              "_forget"})  # (expire forgets through _forget)
-RECORDS_READS = frozenset({"get", "invocations", "of_partition", "expire"})
+                              "_forget"})
+RECORDS_UNWATCHED = frozenset({"get", "invocations", "of_partition", "expire"})
 SUPERVISOR = b"supervisor"
 
 

@@ -4,7 +4,6 @@ without a catch, the simulation has lost the power to see that bug."""
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 
@@ -15,13 +14,12 @@ from grid.cluster.invocations import InvocationRecords
 from grid.cluster.reply_order import ReplyOrder, Ticket
 from grid.cluster.state import ClusterState
 from grid.cluster.state_change import CommitAll, Finished, Phase, StateChange
-from tests.cluster import sim, test_chain, test_simulation, test_state_change_sim, test_write_path
+from tests.cluster import test_chain, test_simulation, test_state_change_sim, test_write_path
 from workers import map_service
 from workers.cluster_service import ClusterService
 from workers.local_reads import LocalReadDirectory, NamespaceSlots
 from workers.map_service import MapService
 from workers.migration_service import MigrationService
-from workers.record_store import RecordStore
 from workers.state_service import StateService
 
 pytestmark = pytest.mark.timeout(300)
@@ -350,19 +348,3 @@ def test_invocation_records_that_expire_while_their_client_may_resend_are_caught
                    for v in net.violations), net.violations
     finally:
         net.close()
-
-
-@pytest.mark.parametrize(("cls", "rewrites", "reads"), [
-    (RecordStore, sim.STORE_REWRITES, sim.STORE_READS),
-    (InvocationRecords, sim.RECORDS_REWRITES, sim.RECORDS_READS),
-], ids=["record store", "invocation records"])
-def test_every_way_to_change_a_partition_is_watched_by_the_record_check(cls, rewrites, reads):
-    """The record check sees only the changes that the simulation's watches note: a method
-    of the record store or the invocation records must be a watched rewrite or known to only
-    read (its private helpers run inside those), or the check would miss what it does."""
-    methods = {name for name, value in vars(cls).items() if not name.startswith("__") and
-               (inspect.isfunction(value) or isinstance(value, property))}
-    public = {name for name in methods if not name.startswith("_")}
-    assert public - rewrites - reads == set(), "classify it in tests/cluster/sim.py"
-    assert (rewrites | reads) - methods == set(), "gone from the class: drop it there"
-    assert not rewrites & reads

@@ -50,8 +50,9 @@ TICK_S = 0.1
 # leave both as they are, or change them only through a watched one (expire forgets through
 # _forget). test_simulation_watches checks that every method of the two classes is in one of
 # them, so a new way to change a partition cannot go unnoticed by the check.
-STORE_REWRITES = frozenset({"clear", "move_fragment", "replace_leaves", "receive",
-                            "drop_partition", "put", "remove", "put_groups", "put_many"})
+STORE_REPLACES = frozenset({"clear", "move_fragment", "replace_leaves", "receive",
+                            "drop_partition"})  # (noted as the whole partition)
+STORE_REWRITES = STORE_REPLACES | {"put", "remove", "put_groups", "put_many"}
 STORE_UNWATCHED = frozenset({
     "arriving_partitions", "close", "concatenated", "concatenated_from", "contains",
     "found_in", "get", "get_many", "items", "leaf_entries", "live_bytes", "namespaces",
@@ -570,7 +571,7 @@ class SimNode(Node):
 
             setattr(owner, method, watched)
 
-        for method in ("clear", "move_fragment", "replace_leaves", "receive", "drop_partition"):
+        for method in STORE_REPLACES:
             watch(store, method, lambda pid, *_: [(pid, None)])
         watch(store, "put", lambda pid, _ns, key, _value: [(pid, (key,))])
         watch(store, "remove", lambda pid, _ns, key: [(pid, (key,))])

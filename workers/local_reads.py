@@ -95,7 +95,14 @@ def _placed(entries: dict[int, int | tuple[int, ...]], count: int, capacity: int
     if len(hashes) != count:
         raise ValueError(f"a shared index of {count} entries given {len(hashes)}")
     home = (hashes & np.uint64(capacity - 1)).astype(np.int64)
-    order = np.argsort(home, kind="stable")
+    if capacity <= 1 << 32:
+        # The order of (home, entry number): one sort of u64s, several times faster than a
+        # stable argsort of the homes (a mergesort), with the same result.
+        keyed = (home.astype(np.uint64) << np.uint64(32)) | np.arange(len(home), dtype=np.uint64)
+        keyed.sort()
+        order = (keyed & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    else:
+        order = np.argsort(home, kind="stable")
     steps = np.arange(len(order))
     slots = np.maximum.accumulate(home[order] - steps) + steps
     table = np.zeros((capacity, 2), np.uint64)
@@ -125,12 +132,12 @@ class SharedIndex:
 
     @classmethod
     def build(cls, new_segment: NewSegment, entries: dict[int, int | tuple[int, ...]],
-              count: int) -> SharedIndex:
-        """A table of every (hash, offset) in a fragment's dict index, written in one copy.
-        A large one is placed by numpy: a bulk write into a published map builds each
-        partition's index again every time it doubles, and one entry at a time that was
-        half of the store's work."""
-        capacity = _capacity_for(count)
+              count: int, room: int = 0) -> SharedIndex:
+        """A table of every (hash, offset) in a fragment's dict index, written in one copy,
+        with room for ``room`` more entries. A large one is placed by numpy: a bulk write
+        into a published map builds each partition's index again every time it doubles, and
+        one entry at a time that was half of the store's work."""
+        capacity = _capacity_for(count + room)
         segment = new_segment(INDEX_HEADER.size + INDEX_ENTRY.size * capacity)
         table = _placed(entries, count, capacity) if count >= VECTOR_BUILD_MIN \
             else _probed(entries, capacity)
@@ -171,20 +178,19 @@ class SharedIndex:
 
     def insert_many(self, hashes: Iterable[int], offsets: Iterable[int]) -> None:
         """``insert`` of each (hash, offset), the caller having checked that they fit (a
-        batch of new keys): probed in a copy of the table, written back in one copy."""
+        batch of new keys): probed and written in place, through a view of the table as
+        u64s (no copy of a table of thousands of entries for a batch of a hundred)."""
         mm, mask = self.mm, self.mask
         start, end = INDEX_HEADER.size, INDEX_HEADER.size + INDEX_ENTRY.size * self.capacity
-        table = array("Q", mm[start:end])
         added = 0
-        for h, offset in zip(hashes, offsets, strict=True):
-            i = h & mask
-            while table[2 * i + 1]:
-                i = (i + 1) & mask
-            table[2 * i] = h
-            table[2 * i + 1] = offset + 1
-            added += 1
-        with memoryview(table) as view:
-            mm[start:end] = view.cast("B")
+        with memoryview(mm) as raw, raw[start:end] as entries, entries.cast("Q") as table:
+            for h, offset in zip(hashes, offsets, strict=True):
+                i = h & mask
+                while table[2 * i + 1]:
+                    i = (i + 1) & mask
+                table[2 * i] = h
+                table[2 * i + 1] = offset + 1
+                added += 1
         self.count += added
         _U64.pack_into(mm, 8, self.count)
 
@@ -272,9 +278,10 @@ class SharedFragment:
         self.slots.end(self.pid)
 
     def moved(self, arena: Segment, entries: dict[int, int | tuple[int, ...]],
-              count: int) -> None:
-        """Inside begin/end: the records are (now) in ``arena``, indexed by ``entries``."""
-        old, self.index = self.index, SharedIndex.build(self.new_segment, entries, count)
+              count: int, room: int = 0) -> None:
+        """Inside begin/end: the records are (now) in ``arena``, indexed by ``entries``
+        (the new shared index with room for ``room`` more)."""
+        old, self.index = self.index, SharedIndex.build(self.new_segment, entries, count, room)
         self.slots.point(self.pid, _segment_number(arena), _segment_number(self.index.segment))
         if old is not None:
             old.segment.retire()
@@ -302,7 +309,10 @@ class SharedFragment:
         dict and count), into the table or, when they would fill it, a larger one."""
         index = self.index
         if index.full(len(hashes)):  # type: ignore[union-attr]
-            self.moved(fragment.segment, fragment.index, fragment.count)  # type: ignore[attr-defined]
+            # A fragment that grows by batches likely grows on: room for as many again, so
+            # that the next build comes after it doubled (half the builds of a bulk load).
+            count = fragment.count  # type: ignore[attr-defined]
+            self.moved(fragment.segment, fragment.index, count, count)  # type: ignore[attr-defined]
         else:
             index.insert_many(hashes, offsets)  # type: ignore[union-attr]
 

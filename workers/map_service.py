@@ -869,12 +869,15 @@ class MapService:
             owned = serving and pid in self.owned and table.owner(pid) == me
             if owned == bool(local.served[pid]):
                 continue
-            local.set_served(pid, owned)
             if owned:
+                self.store.share(pid, True)  # its shared indexes, before it is served
+                local.set_served(pid, True)
                 for ns in local.namespaces:  # with a fragment here or not (all absent)
                     self._on_slot_idle((pid, ns), check=True)
             else:
+                local.set_served(pid, False)
                 local.unsettle(pid)
+                self.store.share(pid, False)
 
     def owned_sizes(self) -> dict[str, int]:
         """Entries per map in the partitions this member owns (the dashboard's map sizes)."""

@@ -105,6 +105,7 @@ class Member(Node):
             # migrate, and a get must not read those then.
             self.store.local = LocalReadDirectory(self.store.segment_prefix, uuid,
                                                   config.partition_count)
+            self.store.shared_partitions = set()  # those we serve (publish_ownership)
         self.handlers[p.STATUS] = self._on_status
         self.handlers[p.SHUTDOWN] = self._on_shutdown
 

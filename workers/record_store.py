@@ -744,6 +744,10 @@ class RecordStore:
         self.journal: Any = None
         # Local reads (workers/local_reads.py): set by the member; None keeps none.
         self.local: LocalReadDirectory | None = None
+        # The partitions whose fragments keep a shared index, or None: every partition's.
+        # A member shares only the partitions it serves to local readers (``share``): a
+        # backup's index would be upkeep on every write that nobody reads.
+        self.shared_partitions: set[int] | None = None
         self._segment_number = 0
         self._closed = False
 
@@ -1307,6 +1311,28 @@ class RecordStore:
                     self._publish_fragment(pid, namespace, fragment)
         return True
 
+    def share(self, pid: int, shared: bool) -> None:
+        """Keep shared indexes of the partition's published fragments (built now, from its
+        dict indexes), or drop them (its slots then point at nothing). The member calls this
+        before it serves a partition to local readers and after it stops; only with
+        ``shared_partitions`` set."""
+        partitions = self.shared_partitions
+        if partitions is None:
+            raise ValueError("share() needs shared_partitions (every partition is shared)")
+        if shared == (pid in partitions):
+            return
+        fragments = self._partitions.get(pid, {})
+        if shared:
+            partitions.add(pid)
+            for namespace, fragment in fragments.items():
+                self._publish_fragment(pid, namespace, fragment)
+            return
+        partitions.discard(pid)
+        for fragment in fragments.values():
+            if fragment.shared is not None:
+                fragment.shared.unpublish()
+                fragment.shared = None
+
     def settle(self, pid: int, namespace: str) -> None:
         """No write to (pid, namespace) waits for its backups: local reads may answer."""
         if self.local is not None:
@@ -1315,7 +1341,8 @@ class RecordStore:
     def _publish_fragment(self, pid: int, namespace: str, fragment: _Fragment) -> None:
         """Point the namespace's slot at ``fragment`` (now the one for (pid, namespace))."""
         slots = None if self.local is None else self.local.slots_of(namespace)
-        if slots is None:
+        if slots is None or (self.shared_partitions is not None
+                             and pid not in self.shared_partitions):
             return
         shared = SharedFragment(slots, pid, self.new_segment)
         shared.begin()

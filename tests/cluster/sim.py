@@ -58,7 +58,7 @@ STORE_UNWATCHED = frozenset({
     "found_in", "get", "get_many", "items", "leaf_entries", "live_bytes", "namespaces",
     "new_segment", "partitions", "segment_prefix", "shm_bytes", "size", "tree",
     "lend",  # (a loan may compact the fragment first: the same records, moved)
-    "publish", "settle",  # (the shared index for local reads: checked by check_local_reads)
+    "publish", "settle", "share",  # (the shared index for local reads: check_local_reads)
 })
 RECORDS_REWRITES = frozenset({"record", "adopt", "forget_unknown", "forget_partition",
                               "_forget"})
@@ -530,6 +530,7 @@ class SimNode(Node):
         # Local reads of map "m" (workers/local_reads.py), checked after every step.
         self.store.local = LocalReadDirectory(self.store.segment_prefix, info.uuid,
                                               net.config.partition_count)
+        self.store.shared_partitions = set()  # as a member's: those it serves
         settle = self.store.settle
 
         def settle_seen(pid: int, namespace: str) -> None:

@@ -297,6 +297,22 @@ def test_local_reads_of_a_partition_that_moved_away_are_caught(monkeypatch):
     assert caught(MIGRATION_FAULTS, range(6))
 
 
+def test_a_new_owner_that_serves_local_reads_before_it_shares_the_index_is_caught(monkeypatch):
+    """A member that builds no shared index for a partition it starts to serve holding
+    records of it already (a backup promoted by a kill): local readers would find no index
+    there and read every key absent."""
+    from workers.record_store import RecordStore
+
+    original_share = RecordStore.share
+
+    def share(self, pid, shared):
+        if not (shared and self.namespaces(pid)):
+            original_share(self, pid, shared)
+
+    monkeypatch.setattr(RecordStore, "share", share)
+    assert caught(["kill"], range(6))
+
+
 def test_an_owner_that_answers_a_spread_batch_once_one_backup_applied_it_is_caught(
         monkeypatch):
     """A batch over many partitions has a backup operation for each backup member; taking

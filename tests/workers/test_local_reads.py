@@ -290,7 +290,7 @@ def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) ->
     first = {b"first%d" % i: b"f" * i for i in range(capacity)}
     store.put_many(1, "m", first.items())
     capacity = fragment.shared.index.capacity
-    assert capacity >= 2 * (fragment.count + 1)  # built again, larger
+    assert capacity >= 2 * (2 * fragment.count + 1)  # built again, with room for as many
     room = capacity // 2 - fragment.count  # new keys the table takes as it is
     assert room >= BLOCK_APPEND_MIN
     second = {b"second%d" % i: b"s" * i for i in range(room)}
@@ -300,6 +300,54 @@ def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) ->
     store.settle(1, "m")
     wanted = {b"k": b"v", **first, **second}
     assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
+
+
+def test_a_store_keeps_shared_indexes_only_of_the_partitions_it_shares(shm_prefix) -> None:
+    """A member shares (keeps shared indexes of) only the partitions it serves: the
+    fragments of the others keep none, however they are written; sharing a partition builds
+    its index from what it holds then, and unsharing drops the index and points its slot at
+    nothing."""
+    store = RecordStore(shm_prefix)
+    with pytest.raises(ValueError, match="shared_partitions"):
+        store.share(1, True)  # a store on its own shares every partition
+    store.local = LocalReadDirectory(shm_prefix, UUID, 4)
+    store.shared_partitions = set()
+    reader, member = reader_for(shm_prefix)
+    slots = lambda pid: SLOT.unpack_from(store.local.slots_of("m").mm, SLOT.size * pid)  # noqa: E731
+    try:
+        store.put(1, "m", b"k", b"v")
+        assert store.publish("m")
+        store.put_many(1, "m", [(b"b%d" % i, b"w") for i in range(300)])  # a block append
+        store.put(2, "m", b"j", b"x")
+        fragments = [store._partitions[pid]["m"] for pid in (1, 2)]
+        assert [f.shared for f in fragments] == [None, None]
+        assert slots(1)[2:] == (0, 0)
+        store.share(1, True)
+        serve_everything(store.local, 4)
+        assert fragments[0].shared is not None and fragments[1].shared is None
+        store._check()  # the built index holds what the dict holds
+        assert reader.get("m", b"k", 1, UUID, member) == b"v"
+        assert reader.get("m", b"b299", 1, UUID, member) == b"w"
+        store.put(1, "m", b"new", b"n")
+        store.settle(1, "m")
+        assert reader.get("m", b"new", 1, UUID, member) == b"n"
+        index_segment = fragments[0].shared.index.segment.name
+        assert index_segment in list_segments(shm_prefix)
+        store.local.set_served(1, False)
+        store.share(1, False)
+        assert fragments[0].shared is None and slots(1)[2:] == (0, 0)
+        assert index_segment not in list_segments(shm_prefix)
+        store.put(1, "m", b"later", b"l")  # no index to keep
+        assert fragments[0].shared is None
+        store.share(1, True)
+        store.local.set_served(1, True)
+        store.settle(1, "m")
+        store._check()
+        assert reader.get("m", b"later", 1, UUID, member) == b"l"
+        assert reader.get("m", b"k", 1, UUID, member) == b"v"
+    finally:
+        reader.close()
+        store.close()
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -384,6 +384,13 @@ class SimNetwork:
                     self.violation(f"{node.name} serves partition {pid} to local readers "
                                    f"with no shared index of its {fragment.count} records: "
                                    f"they would read every key absent")
+                elif fragment is not None and fragment.shared is not None:
+                    shared = {h: sorted(offsets)
+                              for h, offsets in fragment.shared.index.entries().items()}
+                    if shared != {h: [entry] if entry.__class__ is int else sorted(entry)
+                                  for h, entry in fragment.index.items()}:
+                        self.violation(f"{node.name} serves partition {pid} to local readers "
+                                       f"with a shared index that is not its records' index")
                 backups = [backup for uuid_ in self.newest_replicas(pid)[synchronous]
                            if uuid_ and (backup := self.by_uuid(uuid_)) is not None]
                 for key_bytes, value in node.store.items(pid, "m") if backups else ():

@@ -551,10 +551,14 @@ class _Fragment:
         self.index = {}
         self.count = 0
         self.tree = None
+        self.unpublish()
+        self.segment.retire()
+
+    def unpublish(self) -> None:
+        """Drop the shared index, if there is one (the slot then points at nothing)."""
         if self.shared is not None:
             self.shared.unpublish()
             self.shared = None
-        self.segment.retire()
 
     def check(self) -> None:
         """Walk every record and compare with the counters (tests; O(records))."""
@@ -1018,9 +1022,7 @@ class RecordStore:
         self.clear(pid, target)
         if moved is None:
             return 0
-        if moved.shared is not None:
-            moved.shared.unpublish()
-            moved.shared = None
+        moved.unpublish()
         self._partitions.setdefault(pid, {})[target] = moved
         self._publish_fragment(pid, target, moved)
         if self.journal is not None:  # the log has no rename: the records again, then a clear
@@ -1329,9 +1331,7 @@ class RecordStore:
             return
         partitions.discard(pid)
         for fragment in fragments.values():
-            if fragment.shared is not None:
-                fragment.shared.unpublish()
-                fragment.shared = None
+            fragment.unpublish()
 
     def settle(self, pid: int, namespace: str) -> None:
         """No write to (pid, namespace) waits for its backups: local reads may answer."""

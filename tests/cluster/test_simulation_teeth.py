@@ -314,10 +314,11 @@ def test_a_new_owner_that_serves_local_reads_before_it_shares_the_index_is_caugh
 
 
 def test_a_shared_index_built_without_a_key_is_caught(monkeypatch):
-    """A member whose shared index, built when it starts to serve a partition (a promoted
-    backup's), leaves out one of its keys: local readers would read that key absent while a
-    get through the owner finds it. Nothing the member does later looks the key up, so only
-    the check of the served index against the records sees it."""
+    """A member whose shared index, whenever it is built (when it starts to serve a
+    partition, a promoted backup's, or when a batch fills it), leaves out one key: local
+    readers would read that key absent while a get through the owner finds it. Nothing the
+    member does later need look the key up, so only the check of a served index against the
+    records sees it."""
     from workers.local_reads import SharedIndex
 
     build = SharedIndex.build.__func__

@@ -778,7 +778,8 @@ class MapService:
             ticket_pids = {slot[0] for slot in ticket.slots}
             if pids is not None and not ticket_pids & pids:
                 continue
-            if any(table.owner(pid) != me for pid in ticket_pids):
+            moved = [pid for pid in ticket_pids if table.owner(pid) != me]
+            if moved and not self._moved_away(ticket, moved, len(ticket_pids)):
                 ticket.fail(p.WRONG_TARGET, OWNERSHIP_CHANGED)
                 self._release(ticket.slots)
                 continue
@@ -793,6 +794,31 @@ class MapService:
             if any(not self._backup_targets(pid)[0] for pid in ticket.written):
                 ticket.needs_lease = True  # a partition lost every backup: we act alone
             self._settle(ticket)
+
+    def _moved_away(self, ticket: Ticket, moved: list[int], partitions: int) -> bool:
+        """A batch write (its answer names the partitions it did not write here: "wrong")
+        some of whose partitions stopped being ours: answer those "wrong", so that the
+        client sends them to their new owners (with the same invocation id, as after a
+        failed answer), and go on with the rest, answered and recorded once their backups
+        have them. Failing it all would leave the rest applied here without the record that
+        answers their resend: it would be applied again. False, changing nothing, for a
+        ticket that must fail whole: not a batch, a batch with no partition left here or
+        none written, or one its backup answers in our place (it answers for all of it)."""
+        wrong = ticket.fields.get("wrong")
+        if wrong is None or ticket.chained or len(moved) >= partitions:
+            return False
+        gone = set(moved).difference(wrong)
+        if not gone:
+            return True  # (answered "wrong" already)
+        if not ticket.written - gone:
+            return False
+        ticket.written -= gone
+        for uuid, waiting in list(ticket.waiting.items()):
+            waiting -= gone
+            if not waiting:
+                del ticket.waiting[uuid]
+        ticket.fields.update(self._wrong(sorted({*wrong, *gone})))
+        return True
 
     def tick(self, now: float) -> None:
         cluster = self.member.cluster

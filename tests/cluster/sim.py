@@ -746,7 +746,13 @@ class SimClient:
     def request(self, endpoint: str, op: str, fields: dict, frames: list[bytes],
                 callback: Callable[[dict | None, list[bytes]], None], timeout: float) -> int:
         rid = next(self.ids)
-        self.waiting[rid] = callback
+
+        def answered(header: dict | None, frames: list[bytes]) -> None:
+            if header is not None:
+                self.silent.pop(endpoint, None)  # it answers again
+            callback(header, frames)
+
+        self.waiting[rid] = answered
         head = p.request(op, rid, self.net.config.cluster_name, **fields)
         target = self.net.nodes.get(endpoint)
         if target is not None:
@@ -769,17 +775,25 @@ class SimClient:
         if callback is not None:
             callback(header, frames[1:])
 
-    def refresh(self, then: Callable[[], None]) -> None:
+    def refresh(self, then: Callable[[], None], tried: frozenset[str] = frozenset()) -> None:
         alive = self.net.alive()
         if not alive:
             return
-        # As the real client does: ask members that answered lately first.
-        recent = [n for n in alive
+        untried = [n for n in alive if n.info.endpoint not in tried]
+        if not untried:  # nobody answered: go on with the table we have
+            self.net.at(self.net.time + 0.01, then)
+            return
+        # As the real client does: ask members that answered lately first, and the next one
+        # when one does not answer.
+        recent = [n for n in untried
                   if self.net.time - self.silent.get(n.info.endpoint, -10.0) > 2.0]
-        node = self.net.rng.choice(recent or alive)
+        node = self.net.rng.choice(recent or untried)
 
         def on_view(header: dict | None, frames: list[bytes]) -> None:
-            if header and header.get("ok"):
+            if header is None:
+                self.refresh(then, tried | {node.info.endpoint})
+                return
+            if header.get("ok"):
                 members = MemberList.from_wire(header["members"])
                 if members.version >= self.members.version:
                     self.members = members

@@ -187,6 +187,12 @@ REGRESSIONS = [
      "not sync its backups: one of them kept a write that only it had got from the dead owner, "
      "and the invocation's record, and answered the resend in the owner's place with the "
      "write's own value as the previous one"),
+    (166, "join-then-kill", True, "a batch write one of whose partitions moved away while its "
+     "backups applied it failed whole: its other partitions, applied here, kept no invocation "
+     "record, and the client's resend was applied to them again"),
+    (157, "hang-resume", True, "(the simulated client) a table refresh that asked a hung member "
+     "went on with the old table instead of asking another, so the spread batch writer sent to "
+     "the hung owner until the clients stopped"),
 ]
 
 

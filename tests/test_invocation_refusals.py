@@ -9,7 +9,12 @@ import pytest
 
 from grid import protocol as p
 from grid.client.invocation import Invoker
-from grid.errors import ClusterStateError, PartlyAppliedError
+from grid.errors import (
+    ClusterStateError,
+    IndeterminateOperationStateError,
+    OperationTimeoutError,
+    PartlyAppliedError,
+)
 from grid.partition.table import PartitionTable
 
 pytestmark = pytest.mark.timeout(30)
@@ -93,3 +98,21 @@ def test_a_first_attempt_made_by_invoke_key_counts_as_the_invocations_first():
                                   lambda group, header, frames: None,
                                   (time.monotonic() + 5.0, [PASSIVE]))
     assert not isinstance(caught.value, PartlyAppliedError)
+
+
+@pytest.mark.parametrize("indeterminate", [True, False])
+def test_partitions_that_moved_away_after_they_were_applied_leave_the_write_indeterminate(
+        indeterminate):
+    """An owner that lost some partitions of a batch while their backups applied them answers
+    them "wrong" and "indeterminate" (workers/map_service.py): if the invocation then runs out
+    of time, they may have been applied, and the client says so."""
+    moved = ({"ok": True, "wrong": [1], **({"indeterminate": True} if indeterminate else {})},
+             [])
+    migrating = ({"ok": False, "code": p.MIGRATING, "msg": "migrating"}, [])
+    invoker = ScriptedInvoker([[moved], *([[migrating]] * 100)])
+    invoker.invocation_timeout = 0.3
+    with pytest.raises(IndeterminateOperationStateError if indeterminate
+                       else OperationTimeoutError) as caught:
+        invoker.run(p.PUT_ALL, [0, 1])
+    assert invoker.handled == [0]
+    assert not isinstance(caught.value, IndeterminateOperationStateError) or indeterminate

@@ -800,8 +800,9 @@ class MapService:
         some of whose partitions stopped being ours: answer those "wrong", so that the
         client sends them to their new owners (with the same invocation id, as after a
         failed answer), and go on with the rest, answered and recorded once their backups
-        have them. Failing it all would leave the rest applied here without the record that
-        answers their resend: it would be applied again. False, changing nothing, for a
+        have them; the answer says "indeterminate": the partitions answered "wrong" may have
+        been applied. Failing it all would leave the rest applied here without the record
+        that answers their resend: it would be applied again. False, changing nothing, for a
         ticket that must fail whole: not a batch, a batch with no partition left here or
         none written, or one its backup answers in our place (it answers for all of it)."""
         wrong = ticket.fields.get("wrong")
@@ -817,7 +818,7 @@ class MapService:
             waiting -= gone
             if not waiting:
                 del ticket.waiting[uuid]
-        ticket.fields.update(self._wrong(sorted({*wrong, *gone})))
+        ticket.fields.update(self._wrong(sorted({*wrong, *gone})), indeterminate=True)
         return True
 
     def tick(self, now: float) -> None:

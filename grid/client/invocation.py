@@ -467,6 +467,8 @@ class Invoker:
                 if wrong:
                     retry.extend(wrong)
                     last = MemberLeftError(f"partitions {sorted(wrong)[:5]} moved")
+                    # (moved away after the owner applied them: workers/map_service.py)
+                    maybe_applied = maybe_applied or bool(header.get("indeterminate"))
             if not retry:
                 return
             todo = sorted(retry)

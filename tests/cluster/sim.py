@@ -747,10 +747,10 @@ class SimClient:
                 callback: Callable[[dict | None, list[bytes]], None], timeout: float) -> int:
         rid = next(self.ids)
 
-        def answered(header: dict | None, frames: list[bytes]) -> None:
+        def answered(header: dict | None, reply: list[bytes]) -> None:
             if header is not None:
                 self.silent.pop(endpoint, None)  # it answers again
-            callback(header, frames)
+            callback(header, reply)
 
         self.waiting[rid] = answered
         head = p.request(op, rid, self.net.config.cluster_name, **fields)

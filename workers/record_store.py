@@ -584,6 +584,10 @@ class _Fragment:
         tree = self.tree
         if tree is not None and tree.nodes != self.build_tree(tree.depth).nodes:
             raise RecordStoreInvariantError("the Merkle tree disagrees with the records")
+        self.check_shared()
+
+    def check_shared(self) -> None:
+        """Compare the shared index, if any, with the dict index (tests; O(capacity))."""
         shared = self.shared
         if shared is not None:
             expected = {h: sorted((entry,) if entry.__class__ is int else entry)

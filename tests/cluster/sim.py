@@ -42,6 +42,7 @@ from grid.serialization import (
 )
 from workers.local_reads import LocalReadDirectory
 from workers.node import Node
+from workers.record_store import RecordStoreInvariantError
 from workers.shm import remove_segments
 
 TICK_S = 0.1
@@ -384,11 +385,10 @@ class SimNetwork:
                     self.violation(f"{node.name} serves partition {pid} to local readers "
                                    f"with no shared index of its {fragment.count} records: "
                                    f"they would read every key absent")
-                elif fragment is not None and fragment.shared is not None:
-                    shared = {h: sorted(offsets)
-                              for h, offsets in fragment.shared.index.entries().items()}
-                    if shared != {h: [entry] if entry.__class__ is int else sorted(entry)
-                                  for h, entry in fragment.index.items()}:
+                elif fragment is not None:
+                    try:
+                        fragment.check_shared()
+                    except RecordStoreInvariantError:
                         self.violation(f"{node.name} serves partition {pid} to local readers "
                                        f"with a shared index that is not its records' index")
                 backups = [backup for uuid_ in self.newest_replicas(pid)[synchronous]

@@ -385,7 +385,9 @@ class SimNetwork:
                     self.violation(f"{node.name} serves partition {pid} to local readers "
                                    f"with no shared index of its {fragment.count} records: "
                                    f"they would read every key absent")
-                elif fragment is not None:
+                # The whole index, where a table changed (a partition shared then had its
+                # index built): at every settle it cost a tenth of a simulated run.
+                elif fragment is not None and only is None:
                     try:
                         fragment.check_shared()
                     except RecordStoreInvariantError:

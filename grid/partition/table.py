@@ -93,7 +93,8 @@ class PartitionTable:
     changed, as the reference's ``setReplicas`` does, and keeps the stamp current.
     """
 
-    __slots__ = ("_partition_count", "_rows", "_versions", "_version_bytes", "_stamp")
+    __slots__ = ("_partition_count", "_rows", "_versions", "_version_bytes", "_stamp",
+                 "_owned")
 
     def __init__(self, partition_count: int = DEFAULT_PARTITION_COUNT) -> None:
         if (
@@ -110,6 +111,7 @@ class PartitionTable:
         self._versions: list[int] = [0] * partition_count
         self._version_bytes = bytearray(4 * partition_count)
         self._stamp: int | None = None
+        self._owned: tuple[str, frozenset[int]] | None = None  # (member, its partitions)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -148,6 +150,16 @@ class PartitionTable:
                 self._check_pid(pid)  # raises
             owners.append(rows[pid][0])
         return owners
+
+    def owned_by(self, member: str) -> frozenset[int]:
+        """The partitions ``member`` owns. Kept until a row changes: a member's batch paths
+        ask it of every batch, to see in one set operation that it owns all of a batch's
+        partitions (the common case) instead of reading each one's row."""
+        owned = self._owned
+        if owned is None or owned[0] != member:
+            owned = self._owned = (member, frozenset(
+                pid for pid, row in enumerate(self._rows) if row[0] == member))
+        return owned[1]
 
     def live_rows(self) -> tuple[Sequence[tuple[str | None, ...]], Sequence[int]]:
         """The table's own lists of rows and partition versions, not copies: they change as
@@ -216,6 +228,8 @@ class PartitionTable:
             raise PartitionTableError(
                 f"partition {pid} version would pass the int32 limit ({version})"
             )
+        if row[0] != self._rows[pid][0]:
+            self._owned = None
         self._rows[pid] = row
         if version != self._versions[pid]:
             self._versions[pid] = version
@@ -296,6 +310,7 @@ class PartitionTable:
         twin._versions = list(self._versions)
         twin._version_bytes = bytearray(self._version_bytes)
         twin._stamp = self._stamp
+        twin._owned = self._owned
         return twin
 
     # -- comparison ----------------------------------------------------------------------

@@ -135,6 +135,36 @@ def test_stamp_is_murmur3_of_the_versions_and_kept_current(table):
     assert table.stamp() != before
 
 
+@settings(max_examples=60, deadline=None)
+@given(tables(max_partitions=6), st.data())
+def test_owned_by_follows_every_change_of_an_owner(table, data):
+    """The set a member's batch paths test their partitions against is kept, and must never
+    outlive a change of owner, whichever way the table changed."""
+    def owned(t: PartitionTable, member: str) -> frozenset[int]:
+        return frozenset(pid for pid in range(t.partition_count) if t.owner(pid) == member)
+
+    watched = MEMBERS[0]  # (asked of one member only: the kept set is one member's)
+    assert table.owned_by(watched) == owned(table, watched)
+    twin = table.copy()
+    for _ in range(data.draw(st.integers(1, 6))):
+        pid = data.draw(st.integers(0, table.partition_count - 1))
+        member = data.draw(st.sampled_from([*MEMBERS[:3], None]))
+        way = data.draw(st.sampled_from(["set_replica", "take_row", "apply"]))
+        with contextlib.suppress(PartitionTableError):  # (a member twice in a row)
+            if way == "set_replica":
+                table.set_replica(pid, 0, member)
+            elif way == "take_row":
+                table.take_row(pid, table.version(pid) + 1, [member, *table.replicas(pid)[1:]])
+            else:
+                newer = table.copy()
+                newer.set_replica(pid, 0, member)
+                table.apply(newer)
+        assert table.owned_by(watched) == owned(table, watched)
+    for asked in MEMBERS[:3]:  # another member's, and the copy taken before: their own
+        assert table.owned_by(asked) == owned(table, asked)
+        assert twin.owned_by(asked) == owned(twin, asked)
+
+
 def test_stamp_depends_on_versions_only_and_on_their_position():
     one, two = PartitionTable(5), PartitionTable(5)
     one.set_replicas(2, ["a", "b"])

@@ -605,7 +605,7 @@ class StoreMachine(RuleBasedStateMachine):
             for key in keys:
                 if key in fragment:
                     expected += [key, fragment[key]]
-        assert self.store.found_in(namespace, groups, list(groups)) == expected
+        assert self.store.found_in(namespace, *_laid_out(groups)) == expected
 
     @rule(pid=pids, namespace=namespaces, key=keys_small)
     def get(self, pid: int, namespace: str, key: bytes) -> None:
@@ -822,11 +822,18 @@ def test_found_in_gives_the_present_keys_of_many_partitions_with_their_values(
     store.put(1, "m", b"a", b"1")
     store.put(2, "m", b"b", b"2")
     store.put(2, "other", b"c", b"3")
-    groups = {1: [b"a", b"absent"], 2: [b"c", b"b"], 9: [b"a"], 3: [b"a"]}
-    assert store.found_in("m", groups, [1, 2, 9]) == [b"a", b"1", b"b", b"2"]
-    assert store.found_in("m", groups, [2]) == [b"b", b"2"]  # only the partitions asked
-    assert store.found_in("other", groups, [1, 2, 9]) == [b"c", b"3"]
-    assert store.found_in("none", groups, [1, 2, 9]) == []
+    batch = _laid_out({1: [b"a", b"absent"], 2: [b"c", b"b"], 9: [b"a"], 3: [b"a"]})
+    assert store.found_in("m", *batch) == [b"a", b"1", b"b", b"2"]
+    assert store.found_in("m", *batch, skip={1, 9}) == [b"b", b"2"]  # not the ones skipped
+    assert store.found_in("other", *batch) == [b"c", b"3"]
+    assert store.found_in("none", *batch) == []
+    assert store.found_in("m", [], [], []) == []
+
+
+def _laid_out(groups: dict[int, list[bytes]]) -> tuple[list[int], list[int], list[bytes]]:
+    """``found_in``'s batch of keys grouped by partition: partitions, counts, keys."""
+    return list(groups), list(map(len, groups.values())), \
+        [key for keys in groups.values() for key in keys]
 
 
 def test_found_in_finds_keys_whose_hashes_collide(make_store, key_hash_replaced) -> None:
@@ -835,5 +842,5 @@ def test_found_in_finds_keys_whose_hashes_collide(make_store, key_hash_replaced)
     store.put_many(1, "m", [(b"a", b"1"), (b"b", b"2"), (b"alone", b"3")])
     store.put(2, "m", b"c", b"4")
     groups = {1: [b"b", b"x", b"alone", b"a"], 2: [b"x", b"c"]}
-    assert store.found_in("m", groups, [1, 2]) == [b"b", b"2", b"alone", b"3", b"a", b"1",
+    assert store.found_in("m", *_laid_out(groups)) == [b"b", b"2", b"alone", b"3", b"a", b"1",
                                                    b"c", b"4"]

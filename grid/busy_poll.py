@@ -1,18 +1,26 @@
-"""How long a client polls for a reply without sleeping, per kind of request.
+"""How long a process polls for its next message without sleeping: a client per kind of
+request, a member for the next round of messages.
 
-A process that sleeps in ``poll`` must be woken when its reply comes. On this project's small
+A process that sleeps in ``poll`` must be woken when its message comes. On this project's small
 virtual machines that wake-up costs more than the reply itself: a bare round trip on a link
 takes about 59 µs when both ends sleep, 20 µs when the waiting end polls without sleeping
 (and the sender's CPU per message falls from 29 to 8 µs, since it has no sleeper to wake;
-``tools/bench_transport.py``). So a client that expects its reply soon spins on a
+``tools/bench_transport.py``). So a process that expects its message soon spins on a
 non-blocking poll for a while before it sleeps.
 
-Spinning costs a core, and on a host whose cores the members need, a spin that outlasts the
-reply only slows the members down. So the budget follows what replies of the same kind (the
-request's op) took lately: a kind whose replies come within ``limit`` on average spins for
-twice its mean wait, up to ``limit``; a slower kind (a put_all of a hundred keys, a scan)
-does not spin at all. A new kind spins for the whole limit once, and learns. One slow
-outlier must not turn spinning off for long, so each sample counts at most twice the limit.
+Spinning costs a core, and on a host whose cores the others need, a spin that outlasts the
+wait only slows them down. So the budget follows what waits of the same kind took lately: a
+kind whose waits come within ``limit`` on average spins for twice its mean wait, up to
+``limit``; a slower kind (a put_all of a hundred keys, a scan; a member that hears from
+anyone only now and then) does not spin at all. A new kind spins for the whole limit once,
+and learns. One slow outlier must not turn spinning off for long, so each sample counts at
+most twice the limit.
+
+A client's kinds are its requests' ops, its waits the time from a request to its whole reply.
+A member has one kind: the time from the start of one round of messages to the next
+(workers/member.py), which under a client's steady load is a few hundred microseconds (the
+member is the owner of one request, the backup of another, and hears the acknowledgements),
+and with only heartbeats about a second.
 
 Pure: the caller measures the waits and owns the clock.
 """
@@ -24,7 +32,7 @@ WEIGHT = 0.125
 
 
 class BusyPoll:
-    """Per kind of request, the running mean of its waits and the spin it earns."""
+    """Per kind of wait, the running mean of its waits and the spin it earns."""
 
     __slots__ = ("limit", "means")
 
@@ -33,7 +41,7 @@ class BusyPoll:
         self.means: dict[str, float] = {}
 
     def budget(self, kind: str) -> float:
-        """Seconds to poll without sleeping for a reply to a request of ``kind``."""
+        """Seconds to poll without sleeping for the end of a wait of ``kind``."""
         mean = self.means.get(kind)
         if mean is None:
             return self.limit
@@ -42,7 +50,7 @@ class BusyPoll:
         return min(self.limit, 2 * mean)
 
     def record(self, kind: str, waited_s: float) -> None:
-        """A request of ``kind`` got its whole reply ``waited_s`` after it was sent."""
+        """A wait of ``kind`` (a request's for its whole reply) took ``waited_s``."""
         if not self.limit:
             return
         sample = min(waited_s, 2 * self.limit)

@@ -60,14 +60,16 @@ class GridConfig:
     attempt_timeout: float = 5.0
     # Microseconds a client polls for a reply without sleeping, for requests whose replies
     # have lately come that fast (a wake-up costs more than a fast reply: see
-    # grid/client/busy_poll.py). 0: always sleep until the reply comes. A put (three hops:
+    # grid/busy_poll.py). 0: always sleep until the reply comes. A put (three hops:
     # 400 to 600 µs on two cores) is within 1000; with 250 it slept for every reply.
     client_busy_poll_us: int = 1000
     # Microseconds, from the start of a round of messages, until which a member goes on
-    # polling without sleeping (a round that takes longer is followed by no spin): the next
-    # request, or a backup's acknowledgement, often comes sooner than a sleeping member
-    # wakes up. It yields its core meanwhile to whoever else wants it. 0: no spin.
-    member_busy_poll_us: int = 100
+    # polling without sleeping, while rounds have lately come that often on average (under a
+    # client's steady load: the next request, or a backup's acknowledgement, comes sooner
+    # than a sleeping member wakes up); a member that hears from anyone only now and then
+    # does not spin. It yields its core meanwhile to whoever else wants it. 0: no spin.
+    # With 100, the limit before, members slept between most requests of one client.
+    member_busy_poll_us: int = 1000
     # What the data path's links run on (grid/link.py): "unix", a Unix socket in Linux's
     # abstract namespace, a third of TCP's kernel time a message (TCP on other platforms);
     # or "tcp", on ``host``.

@@ -1,9 +1,9 @@
-"""The client's busy-poll budget (grid/client/busy_poll.py): who spins, for how long, and
+"""The busy-poll budget (grid/busy_poll.py): who spins, for how long, and
 how it learns."""
 
 import pytest
 
-from grid.client.busy_poll import BusyPoll
+from grid.busy_poll import BusyPoll
 
 LIMIT = 250e-6
 
@@ -59,3 +59,23 @@ def test_no_limit_never_spins(limit):
     poll.record("get", 10e-6)
     assert poll.budget("get") == 0.0
     assert poll.means == {}
+
+
+def test_a_member_spins_under_a_clients_steady_load_and_not_on_heartbeats_or_a_trickle():
+    """A member's one kind: the gaps between its rounds of messages (workers/member.py spins
+    the whole limit while the budget is not 0). Under a client's steady load they are a
+    round's own messages, microseconds apart, and the next request's, hundreds; an idle
+    member hears heartbeats a second apart; a trickle of requests comes milliseconds apart."""
+    limit = 1e-3
+    steady, idle, trickle = BusyPoll(limit), BusyPoll(limit), BusyPoll(limit)
+    for _ in range(100):
+        steady.record("round", 20e-6)
+        steady.record("round", 600e-6)
+        idle.record("round", 1.0)
+        trickle.record("round", 5e-3)
+    assert steady.budget("round") > 0
+    assert idle.budget("round") == 0.0
+    assert trickle.budget("round") == 0.0
+    for _ in range(40):  # load again after a quiet while: it spins again within a few rounds
+        idle.record("round", 300e-6)
+    assert idle.budget("round") > 0

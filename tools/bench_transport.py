@@ -1,5 +1,5 @@
 """Round trips between two processes: ZeroMQ DEALER/ROUTER, a link (grid/link.py, on a Unix
-socket), a link whose caller busy-polls for the reply (grid/client/busy_poll.py), one where
+socket), a link whose caller busy-polls for the reply (grid/busy_poll.py), one where
 the server busy-polls for the next request too (as a member does), and that last one over TCP
 (``link_transport = "tcp"``).
 

@@ -26,6 +26,7 @@ import psutil
 import zmq
 
 from grid import protocol as p
+from grid.busy_poll import BusyPoll
 from grid.bytecode_count import COUNT_BYTECODES_ENV, count_on_signals
 from grid.cluster.membership import MemberInfo
 from grid.config import GridConfig
@@ -42,6 +43,7 @@ TICK_S = 0.1
 # a peer of the same exchange sharing the core (the client, a backup) runs a round of 50 to
 # 200 µs and sleeps again, which is the turn-taking a spin is for.
 YIELD_CONTENDED_S = 300e-6
+ROUND = "round"  # the member's one kind of wait for busy polling: from a round to the next
 # A test hook: "member-2=5,member-3=1" makes those members wait so many seconds before they
 # start (a slow start that tests can rely on). Unset in normal runs.
 START_DELAY_ENV = "SHMGRID_TEST_START_DELAY"
@@ -70,7 +72,10 @@ class Member(Node):
         self.poller.register(self.router, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}  # member uuid or endpoint -> DEALER
         self.max_message_bytes = config.max_message_bytes
-        self.busy_poll_s = config.member_busy_poll_us / 1e6
+        # Whether to poll on without sleeping after a round of messages began: learned from
+        # the gaps between rounds (grid/busy_poll.py), so that a member spins while a client
+        # keeps it busy and not when it hears from anyone only now and then.
+        self.busy_poll = BusyPoll(config.member_busy_poll_us / 1e6)
         self.link_listener = listen(config.host, config.link_transport)
         self.poller.register(self.link_listener.fileno(), zmq.POLLIN)
         # Links by file descriptor: (the ident its requests are answered to, the link); the
@@ -206,14 +211,13 @@ class Member(Node):
     def _loop(self) -> None:
         self.cluster.start()
         next_tick = time.monotonic()
-        spin, spin_until = self.busy_poll_s, 0.0
+        polls = self.busy_poll
+        spin_until = round_began = 0.0
         while self.running:
             # Busy-poll until a while after a round of messages began: the next one (a
             # client's next request, a backup's acknowledgement) often comes sooner than this
-            # process would wake up from a sleep (grid/client/busy_poll.py has the numbers).
-            # Longer spins, or spins counted from a round's end, cost the members half a core
-            # more under one client on two cores for no rate that stood out of the noise.
-            events = self.poller.poll(0) if spin else None
+            # process would wake up from a sleep (grid/busy_poll.py has the numbers).
+            events = self.poller.poll(0) if polls.limit else None
             if not events:
                 now = time.perf_counter()
                 if now < spin_until:
@@ -226,7 +230,14 @@ class Member(Node):
                 timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
                 events = self.poller.poll(timeout_ms)
             if events:
-                spin_until = time.perf_counter() + spin
+                now = time.perf_counter()
+                if round_began:
+                    polls.record(ROUND, now - round_began)
+                round_began = now
+                # The whole limit while rounds come that often on average, else none: the
+                # gaps are a round's own messages (microseconds apart) and the next
+                # request's (hundreds), and twice their mean would stop short of the latter.
+                spin_until = now + polls.limit if polls.budget(ROUND) else 0.0
             for sock, event in events:
                 if sock.__class__ is int:
                     if sock == self._wake_r:

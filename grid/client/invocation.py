@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from grid import protocol as p
-from grid.client.busy_poll import BusyPoll
+from grid.busy_poll import BusyPoll
 from grid.client.registry import pid_alive
 from grid.cluster.membership import MemberList
 from grid.errors import (
@@ -186,7 +186,7 @@ class Invoker:
             return [None] * len(rids)
         deadline = time.monotonic() + timeout
         sent = time.perf_counter()
-        spin_until = sent + self.busy_poll.budget(kind)  # (grid/client/busy_poll.py)
+        spin_until = sent + self.busy_poll.budget(kind)  # (grid/busy_poll.py)
         polled = self._polled(wanted, dealers)
         while len(results) < len(wanted):
             remaining = deadline - time.monotonic()

@@ -1,9 +1,13 @@
-"""Busy polling on a real cluster (grid/client/busy_poll.py, the member loop): a client
-learns per kind of request whether to spin, and everything works with spinning off on both
-sides (client_busy_poll_us = member_busy_poll_us = 0)."""
+"""Busy polling on a real cluster (grid/busy_poll.py, the member loop): a client
+learns per kind of request whether to spin, members do not spin under a trickle of requests,
+and everything works with spinning off on both sides (client_busy_poll_us =
+member_busy_poll_us = 0)."""
 
 from __future__ import annotations
 
+import time
+
+import psutil
 import pytest
 
 import grid
@@ -28,6 +32,29 @@ def test_a_client_learns_which_requests_to_spin_for(grid_cluster, request):
         for _ in range(20):
             m.get_all([f"k{i}" for i in range(20_000)])
         assert polls.budget(p.GET_ALL) == 0.0
+
+
+def test_members_do_not_spin_under_a_trickle_of_requests(grid_cluster, request):
+    """A get every 3 ms: a member that spun its whole limit (1 ms) after each would burn a
+    third of a core (measured: a fifth with a get every 5 ms); one that learned its rounds
+    come further apart than the limit sleeps between them (4% with a get every 5 ms)."""
+    with grid_cluster.connect() as client:
+        m = client.get_map(request.node.name)
+        m.put("k", 1)
+        members = [psutil.Process(member.pid) for member in client.cluster.members]
+        for _ in range(50):  # the owner learns the trickle's gaps
+            m.get("k")
+            time.sleep(0.003)
+        before = [member.cpu_times() for member in members]
+        started = time.monotonic()
+        for _ in range(400):
+            assert m.get("k") == 1
+            time.sleep(0.003)
+        elapsed = time.monotonic() - started
+        used = sum(after.user + after.system - first.user - first.system
+                   for first, after in zip(before, (m.cpu_times() for m in members),
+                                           strict=True))
+        assert used < 0.15 * elapsed, f"members used {used:.3f} s of CPU in {elapsed:.2f} s"
 
 
 def test_everything_works_with_busy_polling_off(cluster_factory, tmp_path, request):

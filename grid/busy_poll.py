@@ -20,7 +20,9 @@ A client's kinds are its requests' ops, its waits the time from a request to its
 A member has one kind: the time from the start of one round of messages to the next
 (workers/member.py), which under a client's steady load is a few hundred microseconds (the
 member is the owner of one request, the backup of another, and hears the acknowledgements),
-and with only heartbeats about a second.
+and with only heartbeats about a second. It spins the whole limit while that kind earns any
+spin: its gaps are a round's own messages, microseconds apart, and the next request's,
+hundreds, and twice their mean would stop short of the latter.
 
 Pure: the caller measures the waits and owns the clock.
 """

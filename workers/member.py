@@ -234,9 +234,8 @@ class Member(Node):
                 if round_began:
                     polls.record(ROUND, now - round_began)
                 round_began = now
-                # The whole limit while rounds come that often on average, else none: the
-                # gaps are a round's own messages (microseconds apart) and the next
-                # request's (hundreds), and twice their mean would stop short of the latter.
+                # The whole limit while rounds come that often on average, else none
+                # (grid/busy_poll.py says why not twice the mean).
                 spin_until = now + polls.limit if polls.budget(ROUND) else 0.0
             for sock, event in events:
                 if sock.__class__ is int:

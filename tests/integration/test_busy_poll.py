@@ -41,18 +41,18 @@ def test_members_do_not_spin_under_a_trickle_of_requests(grid_cluster, request):
     with grid_cluster.connect() as client:
         m = client.get_map(request.node.name)
         m.put("k", 1)
-        members = [psutil.Process(member.pid) for member in client.cluster.members]
+        processes = [psutil.Process(member.pid) for member in client.cluster.members]
         for _ in range(50):  # the owner learns the trickle's gaps
             m.get("k")
             time.sleep(0.003)
-        before = [member.cpu_times() for member in members]
+        before = [process.cpu_times() for process in processes]
         started = time.monotonic()
         for _ in range(400):
             assert m.get("k") == 1
             time.sleep(0.003)
         elapsed = time.monotonic() - started
         used = sum(after.user + after.system - first.user - first.system
-                   for first, after in zip(before, (m.cpu_times() for m in members),
+                   for first, after in zip(before, (process.cpu_times() for process in processes),
                                            strict=True))
         assert used < 0.15 * elapsed, f"members used {used:.3f} s of CPU in {elapsed:.2f} s"
 

@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from grid import protocol as p
-from grid.busy_poll import BusyPoll
+from grid.busy_poll import BusyPoll, usable_cores
 from grid.client.registry import pid_alive
 from grid.cluster.membership import MemberList
 from grid.errors import (
@@ -83,6 +83,9 @@ class Invoker:
         self.client_id = uuid.uuid4().hex[:16]
         self.invocations = itertools.count(1)
         self.busy_poll = BusyPoll(busy_poll_s)
+        # A wait spins only while the members still working on it fit on the cores beside
+        # this process (grid/busy_poll.py): a tunable for tests.
+        self.spin_cores = usable_cores()
 
     def invocation_id(self) -> str:
         return f"{self.client_id}-{next(self.invocations)}"
@@ -187,13 +190,15 @@ class Invoker:
         deadline = time.monotonic() + timeout
         sent = time.perf_counter()
         spin_until = sent + self.busy_poll.budget(kind)  # (grid/busy_poll.py)
+        cores = self.spin_cores
         polled = self._polled(wanted, dealers)
         while len(results) < len(wanted):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             events = None
-            while time.perf_counter() < spin_until:
+            # Not while the members it waits for need every core: spinning would take one.
+            while len(wanted) - len(results) < cores and time.perf_counter() < spin_until:
                 events = zmq.zmq_poll(polled, 0)
                 if events:
                     break

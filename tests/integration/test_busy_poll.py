@@ -5,6 +5,8 @@ member_busy_poll_us = 0)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import psutil
@@ -12,6 +14,7 @@ import pytest
 
 import grid
 from grid import protocol as p
+from grid.busy_poll import BusyPoll
 from grid.config import GridConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,6 +35,36 @@ def test_a_client_learns_which_requests_to_spin_for(grid_cluster, request):
         for _ in range(20):
             m.get_all([f"k{i}" for i in range(20_000)])
         assert polls.budget(p.GET_ALL) == 0.0
+
+
+def test_a_client_spins_only_while_the_members_it_waits_for_leave_it_a_core(
+        grid_cluster, request, monkeypatch):
+    """A get_all sent to all three members: with two cores the client spins (yields, on each
+    turn of its spin) only once one member is left to answer; with four, from the start."""
+    with grid_cluster.connect() as client:
+        m = client.get_map(request.node.name)
+        keys = [f"k{i}" for i in range(100)]  # over 70 partitions: every member owns some
+        m.put_all(dict.fromkeys(keys, b"v" * 100))
+        invoker = client._invoker
+        invoker.busy_poll = BusyPoll(1.0)  # a wait of any length earns spinning
+        working: list[int] = []  # members yet to answer, at each turn of a spin
+        real_yield = os.sched_yield
+
+        def watched_yield() -> None:
+            waiting = sys._getframe(1).f_locals  # the client's wait (Invoker._gather)
+            working.append(len(waiting["wanted"]) - len(waiting["results"]))
+            real_yield()
+
+        monkeypatch.setattr(os, "sched_yield", watched_yield)
+        seen = {}
+        for cores in (2, 4):
+            invoker.spin_cores = cores
+            working.clear()
+            for _ in range(30):
+                assert len(m.get_all(keys)) == 100
+            seen[cores] = set(working)
+        assert seen[2] <= {1}, seen
+        assert 3 in seen[4], seen
 
 
 def test_members_do_not_spin_under_a_trickle_of_requests(grid_cluster, request):

@@ -30,6 +30,7 @@ class ScriptedInvoker(Invoker):
         super().__init__([], "test", invocation_timeout=5.0, attempt_timeout=0.1)
         self.attempts = attempts
         self.handled: list[int] = []
+        self.sent: list[list[tuple[str, dict, list]]] = []
         table = PartitionTable(4)  # not None: no refresh before the first attempt
         for pid in range(4):
             table.set_replicas(pid, ["member-a" if pid < 2 else "member-b"])
@@ -37,6 +38,8 @@ class ScriptedInvoker(Invoker):
         self.endpoints = {"member-a": "a", "member-b": "b"}
 
     def exchange(self, requests, timeout):
+        self.sent.append([(endpoint, fields, frames) for endpoint, _, fields, frames
+                          in requests])
         return self.attempts.pop(0)[:len(requests)]
 
     def refresh(self, prefer_master: bool = True) -> None:
@@ -90,13 +93,13 @@ def test_a_first_attempt_made_by_invoke_key_counts_as_the_invocations_first():
     with pytest.raises(PartlyAppliedError):
         invoker.invoke_partitions(p.PUT, [1], lambda group: ({}, []),
                                   lambda group, header, frames: None,
-                                  (time.monotonic() + 5.0, [None]))
+                                  (time.monotonic() + 5.0, [[1]], [None]))
     assert invoker.attempts == [], "one attempt after the first, not two"
     invoker = ScriptedInvoker([])
     with pytest.raises(ClusterStateError) as caught:  # refused at once: nothing applied
         invoker.invoke_partitions(p.PUT, [1], lambda group: ({}, []),
                                   lambda group, header, frames: None,
-                                  (time.monotonic() + 5.0, [PASSIVE]))
+                                  (time.monotonic() + 5.0, [[1]], [PASSIVE]))
     assert not isinstance(caught.value, PartlyAppliedError)
 
 
@@ -116,3 +119,30 @@ def test_partitions_that_moved_away_after_they_were_applied_leave_the_write_inde
         invoker.run(p.PUT_ALL, [0, 1])
     assert invoker.handled == [0]
     assert not isinstance(caught.value, IndeterminateOperationStateError) or indeterminate
+
+
+def test_invoke_keys_sends_each_owner_its_keys_and_retries_the_failed_partitions_keys():
+    """A read of keys goes to each owner with its keys in their order and each key's
+    partition; the keys of a partition that was refused go again (and only they), as
+    invoke_partitions retries its partitions."""
+    moved = ({"ok": True, "wrong": [3]}, [])
+    invoker = ScriptedInvoker([[moved, OK], [OK]])  # b answers first: its 3 moved
+    handled = []
+    invoker.invoke_keys(p.GET_ALL, [2, 0, 3, 0, 1, 3], [b"k2", b"k0", b"k3", b"j0", b"k1",
+                                                         b"j3"],
+                        {"ns": "m"}, lambda group, header, frames: handled.append(group))
+    first, second = invoker.sent
+    assert [(endpoint, fields) for endpoint, fields, _ in first] == [
+        ("b", {"ns": "m", "pids": [2, 3, 3]}), ("a", {"ns": "m", "pids": [0, 0, 1]})]
+    assert [p.unpack_items(frames[0]) for _, _, frames in first] == [
+        [b"k2", b"k3", b"j3"], [b"k0", b"j0", b"k1"]]
+    assert [(endpoint, fields) for endpoint, fields, _ in second] == [
+        ("b", {"ns": "m", "pids": [3, 3]})]
+    assert p.unpack_items(second[0][2][0]) == [b"k3", b"j3"]
+    assert sorted(map(sorted, handled)) == [[0, 1], [2], [3]]
+    invoker = ScriptedInvoker([[OK]])
+    invoker.invoke_keys(p.GET_ALL, [1, 1, 1], [b"a", b"b", b"c"], {"ns": "m"},
+                        lambda group, header, frames: None)
+    [[(endpoint, fields, frames)]] = invoker.sent
+    assert (endpoint, fields) == ("a", {"ns": "m", "pids": [1]})  # one id for all the keys
+    assert p.unpack_items(frames[0]) == [b"a", b"b", b"c"]

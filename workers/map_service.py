@@ -520,10 +520,22 @@ class MapService:
                         target)
 
     def _on_get_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
+        """The present entries among a batch of keys, each named with its partition (the
+        header's ``pids``, one per key, in the keys' order, or one for all of them: the
+        client sends a member its keys as it finds their owner, without grouping them by
+        partition)."""
         ns = self._ns(header)
-        pids, counts, keys = self._batch(header, frames, 1)
-        served, wrong = self._split(pids, write=False)
-        found = self.store.found_in(ns, pids, counts, keys, set(wrong))
+        pids, keys = header.get("pids"), None
+        if pids.__class__ is list and len(frames) == 1:
+            keys = p.unpack_items(frames[0])
+        if keys is None or len(pids) != len(keys) and not (len(pids) == 1 and keys):
+            raise ProtocolError("a get_all needs a partition id per key (or one for all of "
+                                "them) and one payload")
+        if pids and (not set(map(type, pids)) <= {int}  # (type: a bool is no partition id)
+                     or min(pids) < 0 or max(pids) >= self.config.partition_count):
+            raise ProtocolError("partition ids are ints in range")
+        served, wrong = self._split(list(set(pids)), write=False)
+        found = self.store.found_in(ns, pids, keys, set(wrong))
         self._answer_after(ident, header, [(pid, ns) for pid in served], [b"".join(found)],
                            n=len(found), **self._wrong(wrong))
 

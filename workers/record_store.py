@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
@@ -893,23 +893,24 @@ class RecordStore:
         get = fragment.get
         return [get(key if key.__class__ is bytes else _key_bytes(key)) for key in keys]
 
-    def found_in(self, namespace: str, pids: Sequence[int], counts: Sequence[int],
-                 keys: Sequence[bytes], skip: Collection[int] = ()) -> list[bytes]:
+    def found_in(self, namespace: str, pids: Sequence[int], keys: Sequence[bytes],
+                 skip: Collection[int] = ()) -> list[bytes]:
         """The keys (bytes) present among ``keys``, each followed by its value: a batched
-        get over many partitions in one call (a batch of 100 keys spans about 80). The keys
-        come grouped by partition, ``counts[i]`` of partition ``pids[i]``; the partitions in
-        ``skip`` are not read. The keys are hashed in one pass, and each key's record read
-        in line, with no work per partition but finding its fragment (``_Fragment.get`` is a
-        call per key, and its ``key_hash`` another)."""
+        get over many partitions in one call (a batch of 100 keys spans about 80). Key
+        ``keys[i]`` is of partition ``pids[i]``, in any order, or all of ``pids[0]`` if it is
+        the only one; the partitions in ``skip`` are not read. The keys are hashed in one
+        pass, and each key's record read in line, with no work per partition but finding its
+        fragment (``_Fragment.get`` is a call per key, and its ``key_hash`` another)."""
         hashes = key_hashes(keys)
         partitions = self._partitions
-        fragments = [None if pid in skip else partitions.get(pid, _NO_FRAGMENTS).get(namespace)
-                     for pid in pids]
+        fragment_of = {pid: None if pid in skip else
+                       partitions.get(pid, _NO_FRAGMENTS).get(namespace)
+                       for pid in set(pids)}.__getitem__
         found: list[bytes] = []
         append = found.append
-        for key, h, fragment in zip(keys, hashes,
-                                    chain.from_iterable(map(repeat, fragments, counts)),
-                                    strict=True):
+        fragments = map(fragment_of, pids) if len(pids) != 1 \
+            else repeat(fragment_of(pids[0]), len(keys))
+        for key, h, fragment in zip(keys, hashes, fragments, strict=True):
             if fragment is None:
                 continue
             entry = fragment.index.get(h)

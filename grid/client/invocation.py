@@ -396,19 +396,62 @@ class Invoker:
         out: list[Reply] = []
         self.invoke_partitions(op, [pid], lambda group: (fields, frames),
                                lambda group, header, frames: out.append((header, frames)),
-                               None if first is None else (deadline, first))
+                               None if first is None else (deadline, [[pid]], first))
         return out[0]
+
+    def invoke_keys(self, op: str, pids: list[int], keys: Sequence[bytes],
+                    fields: dict[str, Any], handle: HandleReply) -> None:
+        """``invoke_partitions`` of a read of keys, ``keys[i]`` of partition ``pids[i]``: one
+        message per owner with its keys and each key's partition (``pids``, one per key, or
+        one for all when they share it), the keys grouped by owner as they come, not by
+        partition first (a batch of 100 keys spans about 80 partitions: grouping them so
+        took 38 of the 88 µs of a get_all's Python in the client, by owner 14). Partitions
+        whose first attempt fails are retried as ``invoke_partitions`` retries them."""
+
+        def build(group: list[int]) -> tuple[dict[str, Any], list[bytes]]:
+            wanted = set(group)
+            chosen = [i for i, pid in enumerate(pids) if pid in wanted]
+            return {**fields, "pids": [pids[i] for i in chosen]}, \
+                [p.pack_items([keys[i] for i in chosen])]
+
+        if not pids:
+            return
+        owners = self._owner_list()
+        by_owner: dict[str | None, tuple[list[int], list[bytes]]] = {}
+        if owners is not None and pids.count(pids[0]) == len(pids):
+            # One partition (a batch of one hash tag): its id once stands for every key's.
+            by_owner[owners[pids[0]]] = ([pids[0]], list(keys))
+        elif owners is not None:
+            for pid, key in zip(pids, keys, strict=True):
+                endpoint = owners[pid]
+                group = by_owner.get(endpoint)
+                if group is None:
+                    by_owner[endpoint] = group = ([], [])
+                group[0].append(pid)
+                group[1].append(key)
+        if owners is None or None in by_owner:  # an owner not known yet: wait for it there
+            self.invoke_partitions(op, pids, build, handle)
+            return
+        deadline = time.monotonic() + self.invocation_timeout
+        replies = self.exchange(
+            [(endpoint, op, {**fields, "pids": group[0]}, [p.pack_items(group[1])])
+             for endpoint, group in by_owner.items()],
+            min(self.attempt_timeout, self.invocation_timeout))
+        self.invoke_partitions(op, pids, build, handle,
+                               (deadline, [list(set(group[0])) for group in by_owner.values()],
+                                replies))
 
     def invoke_partitions(self, op: str, pids: Sequence[int], build: BuildRequest,
                           handle: HandleReply,
-                          first: tuple[float, list[Reply | None]] | None = None) -> None:
+                          first: tuple[float, list[list[int]], list[Reply | None]] | None = None
+                          ) -> None:
         """Run ``op`` on every partition in ``pids``: one message per owning member with
         that member's partitions, retrying the partitions that failed retryably. A write
         that runs out of time after an attempt that may have been applied (no answer, or
         the owner lost the partition while it waited for backups) raises
-        IndeterminateOperationStateError. ``first``: the invocation's deadline and the
-        reply to its first attempt, made already, of one message to the owner of all
-        ``pids`` (``invoke_key``)."""
+        IndeterminateOperationStateError. ``first``: the invocation's deadline, and the
+        partitions and replies of its first attempt, made already, one message per owner
+        (``invoke_key``, ``invoke_keys``)."""
         deadline = time.monotonic() + self.invocation_timeout if first is None else first[0]
         todo = sorted(set(pids))
         backoff = BACKOFF_S_MIN
@@ -421,7 +464,7 @@ class Invoker:
             retry = []
             timeout = min(self.attempt_timeout, max(0.0, deadline - time.monotonic()))
             if first is not None:
-                groups, replies = [todo], first[1]
+                groups, replies = first[1], first[2]
                 timeout = min(self.attempt_timeout, self.invocation_timeout)
                 first = None
             else:

@@ -8,10 +8,9 @@ retries; batch methods send one message per owning member (in chunks of about
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import islice
 from typing import Any
 
 import msgpack
@@ -318,20 +317,7 @@ class Map:
             pids, keys_bytes = [item[0] for item in wanted], [item[1] for item in wanted]
         if not pids:
             return result
-        by_pid: dict[int, list[bytes]]
-        if pids.count(pids[0]) == len(pids):  # one partition: a batch of one hash tag
-            by_pid = {pids[0]: keys_bytes}
-        else:
-            by_pid = defaultdict(list)
-            for pid, key_bytes in zip(pids, keys_bytes, strict=True):
-                by_pid[pid].append(key_bytes)
         extra = {"publish": True} if publish else {}
-        keys_of = by_pid.__getitem__
-
-        def build(group: list[int]) -> tuple[dict, list]:
-            counts = list(map(len, map(keys_of, group)))
-            return {"ns": self.name, "pids": group, "counts": counts, **extra}, \
-                [p.pack_items(list(chain.from_iterable(map(keys_of, group))))]
 
         def handle(group: list[int], header: dict, frames: list[bytes]) -> None:
             flat = decode_concatenated(frames[0], header.get("n", 0)) if frames else []
@@ -340,7 +326,8 @@ class Map:
                 found_keys = [_as_key(k) for k in found_keys]
             result.update(zip(found_keys, flat[1::2], strict=True))
 
-        self._invoker.invoke_partitions(p.GET_ALL, list(by_pid), build, handle)
+        self._invoker.invoke_keys(p.GET_ALL, pids, keys_bytes, {"ns": self.name, **extra},
+                                  handle)
         return result
 
     def _get_locally(self, wanted: list[tuple[int, bytes, Any]], result: dict[Any, Any]

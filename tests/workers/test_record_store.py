@@ -827,13 +827,17 @@ def test_found_in_gives_the_present_keys_of_many_partitions_with_their_values(
     assert store.found_in("m", *batch, skip={1, 9}) == [b"b", b"2"]  # not the ones skipped
     assert store.found_in("other", *batch) == [b"c", b"3"]
     assert store.found_in("none", *batch) == []
-    assert store.found_in("m", [], [], []) == []
+    assert store.found_in("m", [], []) == []
+    assert store.found_in("m", [2], [b"a", b"b", b"c"]) == [b"b", b"2"]  # one for all
+    pids, keys = batch  # the keys of a partition need not be together
+    assert store.found_in("m", pids[::-1], keys[::-1]) == [b"b", b"2", b"a", b"1"]
 
 
-def _laid_out(groups: dict[int, list[bytes]]) -> tuple[list[int], list[int], list[bytes]]:
-    """``found_in``'s batch of keys grouped by partition: partitions, counts, keys."""
-    return list(groups), list(map(len, groups.values())), \
-        [key for keys in groups.values() for key in keys]
+def _laid_out(groups: dict[int, list[bytes]]) -> tuple[list[int], list[bytes]]:
+    """``found_in``'s batch of keys: each key's partition, and the keys (in the order of
+    ``groups``, and then the other way round: found_in takes keys in any order)."""
+    pairs = [(pid, key) for pid, keys in groups.items() for key in keys]
+    return [pid for pid, _ in pairs], [key for _, key in pairs]
 
 
 def test_found_in_finds_keys_whose_hashes_collide(make_store, key_hash_replaced) -> None:

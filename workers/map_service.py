@@ -45,6 +45,7 @@ from grid.partition.replica_versions import (
     BackupDecision,
     ReplicaVersions,
 )
+from workers.record_block import RecordBlock, parse_records, records_frame
 from workers.record_store import HASH_SPACE, FragmentLoan, ValueTooLargeError
 
 if TYPE_CHECKING:
@@ -413,17 +414,18 @@ class MapService:
                 wrong.append(pid)
         return served, wrong
 
-    def _batch(self, header: dict[str, Any], frames: list[bytes], per_entry: int
-               ) -> tuple[list[int], list[int], list[bytes]]:
-        """A batch payload's partitions, their entry counts and its items, checked: every
-        partition id in range and named once, every count an int >= 0, and the counts add
-        up to the items (``per_entry`` items an entry). (The checks are made inline: this
-        runs for every partition of every batch.)"""
+    def _grouped_items(self, header: dict[str, Any], frames: list[bytes]
+                       ) -> dict[int, list[bytes] | RecordBlock]:
+        """A put_all's items (a key and a value an entry) grouped by partition, as the
+        header's counts say, checked: every partition id in range and named once, every
+        count an int >= 0, and the counts add up to the items. (The checks are made inline:
+        this runs for every partition of every batch.) The payload may be records, laid out
+        as the store keeps them (``laid_out``: workers/record_block.py), cut by partition as
+        items are."""
         pids, counts = header.get("pids"), header.get("counts")
         if counts.__class__ is not list or pids.__class__ is not list \
                 or len(counts) != len(pids) or len(frames) != 1:
             raise ProtocolError("a batch needs pids, counts of the same length and one payload")
-        items = p.unpack_items(frames[0])
         partition_count = self.config.partition_count
         total = 0
         for pid, count in zip(pids, counts, strict=True):
@@ -432,19 +434,15 @@ class MapService:
             if pid.__class__ is not int or not 0 <= pid < partition_count:
                 self.check_pid(pid)  # raises
             total += count
-        if total * per_entry != len(items):
+        items: Any = parse_records(frames[0], total) if header.get("laid_out") \
+            else p.unpack_items(frames[0])
+        if 2 * total != len(items):
             raise ProtocolError("batch counts do not match the payload")
         if len(set(pids)) != len(pids):
             raise ProtocolError("a batch names a partition twice")
-        return pids, counts, items
-
-    def _grouped_items(self, header: dict[str, Any], frames: list[bytes],
-                       per_entry: int) -> dict[int, list[bytes]]:
-        """Items of a batch payload grouped by partition, as the header's counts say."""
-        pids, counts, items = self._batch(header, frames, per_entry)
         groups, at = {}, 0
         for pid, count in zip(pids, counts, strict=True):
-            end = at + count * per_entry
+            end = at + 2 * count
             groups[pid] = items[at:end]
             at = end
         return groups
@@ -469,12 +467,20 @@ class MapService:
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
-        groups = self._grouped_items(header, frames, 2)
+        groups = self._grouped_items(header, frames)
         # Refuse a too large entry before anything is applied: a refusal half way would leave
         # the partitions before it written here and on no backup.
         limit = self.config.max_value_bytes
         if len(frames[0]) > limit:  # else no entry of the payload can be larger
             for items in groups.values():
+                if items.__class__ is RecordBlock:
+                    size = items.largest() if items.frame.largest > limit else 0
+                    if size > limit:
+                        self.member.reply_error(ident, header, p.TOO_LARGE,
+                                                f"an entry of {size} bytes", size=size,
+                                                limit=limit)
+                        return
+                    continue
                 for i in range(0, len(items), 2):
                     size = len(items[i]) + len(items[i + 1])
                     if size > limit:
@@ -624,6 +630,10 @@ class MapService:
         # for all of the write; not an answer that says more than ok: "wrong" partitions).
         chain_to: set[str] | None = \
             set() if chain is not None and track and not any(ticket.fields.values()) else None
+        # A put_all's records (workers/record_block.py) go on as records, cut from its frame.
+        records = bool(pids) and items_by_pid[pids[0]].__class__ is RecordBlock
+        fields = {"ns": ns, "kind": kind, "laid_out": True} if records else {"ns": ns, "kind": kind}
+        payload_of = records_frame if records else p.pack_items
         # (A batch of 100 keys has 80 partitions: the table's rows are read in line.)
         for pid, versions, target_versions in zip(pids, vectors, targets, strict=True):
             items = items_by_pid[pid]
@@ -647,7 +657,10 @@ class MapService:
                         pending.add(pid)
                 group = sync_groups.get(uuid)
                 if group is None:
-                    sync_groups[uuid] = ([part], list(items))
+                    sync_groups[uuid] = ([part], [items] if records else list(items))
+                elif records:
+                    group[0].append(part)
+                    group[1].append(items)
                 else:
                     group[0].append(part)
                     group[1].extend(items)
@@ -656,7 +669,7 @@ class MapService:
                     if uuid:
                         group = async_groups.setdefault(uuid, ([], []))
                         group[0].append(part)
-                        group[1].extend(items)
+                        group[1].append(items) if records else group[1].extend(items)
         if chain_to and owner_may_chain(len(chain_to), len(ticket.waiters), durable_wait):
             ticket.chained = True
         if iid is not None and items_by_pid:
@@ -668,17 +681,17 @@ class MapService:
         self.order.enqueue(ticket)
         now = self.member.now()
         for uuid, (parts, payload) in sync_groups.items():
-            fields = {"ns": ns, "kind": kind, "parts": parts}
+            op_fields = {**fields, "parts": parts}
             if ticket.chained:
-                fields["answer"] = chain
-            op = self.streams.add(uuid, fields, [p.pack_items(payload)], now)
+                op_fields["answer"] = chain
+            op = self.streams.add(uuid, op_fields, [payload_of(payload)], now)
             if not self.ack_early:
                 self.op_tickets[(uuid, op.seq)] = ticket
                 self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
         for uuid, (parts, payload) in async_groups.items():
             # Asynchronous: nobody waits, a lost one is for replica sync to repair.
-            self.member.request_peer(uuid, p.BACKUP, {"ns": ns, "kind": kind, "parts": parts},
-                                     [p.pack_items(payload)], lambda h, f: None,
+            self.member.request_peer(uuid, p.BACKUP, {**fields, "parts": parts},
+                                     [payload_of(payload)], lambda h, f: None,
                                      timeout=self.config.heartbeat_timeout)
         self._settle(ticket)
 
@@ -1072,7 +1085,12 @@ class MapService:
         write (grid/cluster/chain.py)."""
         sender, ns, kind = header["from"], header["ns"], header["kind"]
         parts = header["parts"]
-        items = p.unpack_items(frames[0])
+        if header.get("laid_out"):  # records (workers/record_block.py), two items each
+            if kind != PUT_KIND or any(part[2] & 1 for part in parts):
+                raise ProtocolError("records are a put's, a key and a value each")
+            items: Any = parse_records(frames[0], sum(part[2] for part in parts) >> 1)
+        else:
+            items = p.unpack_items(frames[0])
         if sum(part[2] for part in parts) != len(items):
             raise ProtocolError("backup counts do not match the payload")
         rows, me = self.member.cluster.table.live_rows()[0], self.member.info.uuid
@@ -1209,6 +1227,8 @@ class MapService:
         sync brought it already); a gap or a dirty replica asks the owner for a replica
         sync. Returns what the operation returned, or NOT_APPLIED."""
         requests = self.member.syncs.requests
+        if chunk.__class__ is RecordBlock:  # records, taken here one at a time
+            chunk = chunk.items()  # type: ignore[attr-defined]
         in_sequence = decision is BackupDecision.APPLY  # (nearly always: no checks then)
         if not in_sequence and decision.request_sync:
             if decision is BackupDecision.APPLY_DIRTY:

@@ -40,6 +40,7 @@ from grid.partition.merkle import (
     leaf_shift,
 )
 from workers.local_reads import LocalReadDirectory, SharedFragment
+from workers.record_block import RecordBlock
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
@@ -338,20 +339,50 @@ class _Fragment:
         size = starts.pop() - top
         if size != record_bytes_sum or top + size > self.capacity:
             raise RecordStoreInvariantError("a block append does not fit the room made for it")
-        self.mm[top : top + size] = b"".join(parts)
-        index.update(zip(hashes, starts, strict=True))
         if self.tree is not None:
             try:
                 entries = entry_hashes(hashes, values)
             except TypeError:  # a bytearray or view among the values: mmh3 hashes bytes only
                 entries = entry_hashes(hashes, list(map(_as_bytes, values)))
             self.tree.add_many(hashes, entries)
+        index.update(zip(hashes, starts, strict=True))
+        self._place(b"".join(parts), hashes, starts)
+        return True
+
+    def append_block(self, records: RecordBlock) -> bool:
+        """``append_new`` of records laid out already (workers/record_block.py), copied
+        whole and indexed by the key hashes they came with.
+        False, having written nothing, when a key is here already or twice in the block.
+        The caller holds the seqlock of a published fragment; the fragment keeps no Merkle
+        tree (whose entries would need each value)."""
+        index, hashes = self.index, records.hash_list()
+        if not index.keys().isdisjoint(hashes):
+            return False
+        if self.tree is not None:
+            raise RecordStoreInvariantError("a block append into a fragment with a tree")
+        block = records.block()
+        if self.top + len(block) > self.capacity:
+            self.make_room(len(block))  # moves records: offsets only after this
+        starts = records.starts_at(self.top)
+        count = len(index)
+        index.update(zip(hashes, starts, strict=True))
+        if len(index) - count != len(hashes):  # a key twice in the block: undo
+            for h in hashes:
+                index.pop(h, None)
+            return False
+        self._place(block, hashes, starts)
+        return True
+
+    def _place(self, block: bytes | memoryview, hashes: list[int], starts: list[int]) -> None:
+        """Write records laid out end to end at ``top`` (the index has them at ``starts``
+        already), and count them."""
+        top, size = self.top, len(block)
+        self.mm[top : top + size] = block
         self.top = top + size
         self.live_bytes += size
-        self.count += len(keys)
+        self.count += len(hashes)
         if self.shared is not None:
             self.shared.placed_new(self, hashes, starts)
-        return True
 
     def remove(self, key: bytes) -> bytes | None:
         """Drop key; return its value, or None when absent."""
@@ -832,7 +863,11 @@ class RecordStore:
         key, value, ..., as a batch message decodes them). A batch of 100 keys spans about 80
         partitions, a pair or so each, so the checks are made per batch where they can be:
         a batch whose bytes together fit in a record holds no record too large. A too-large
-        record fails the whole batch unchanged."""
+        record fails the whole batch unchanged. Groups may instead be record blocks
+        (workers/record_block.py: a Spark write's), all of them."""
+        if groups and groups[0][1].__class__ is RecordBlock:
+            self._put_blocks(namespace, groups)  # type: ignore[arg-type]
+            return
         sizes = []
         for _, items in groups:
             if len(items) & 1:
@@ -851,6 +886,31 @@ class RecordStore:
                 continue
             self._put_checked(pid, namespace, items[0::2], items[1::2],
                               size + header_bytes * (len(items) >> 1))
+
+    def _put_blocks(self, namespace: str, groups: Sequence[tuple[int, RecordBlock]]) -> None:
+        """``put_groups`` of record blocks: each partition's records copied into its arena in
+        one piece and indexed in one update where they are all new keys of a fragment with
+        no tree and no journal to tell (a Spark write into an empty or a staging map); else
+        as items, a record at a time."""
+        limit = self._max_record_bytes - header_bytes
+        if max(block.frame.largest for _, block in groups) > limit:  # then block by block
+            for _, block in groups:
+                if block.largest() > limit:
+                    items = block.items()
+                    self._checked(zip(items[0::2], items[1::2], strict=True))
+        partitions = self._partitions
+        for pid, block in groups:
+            if not block.rows:
+                continue
+            size = block.record_bytes()
+            fragment = partitions.get(pid, _NO_FRAGMENTS).get(namespace)
+            if fragment is None:
+                fragment = self._new_fragment(pid, namespace, size)
+            if self.journal is None and fragment.tree is None \
+                    and _changing(fragment, fragment.append_block, block):
+                continue
+            items = block.items()
+            self._put_checked(pid, namespace, items[0::2], items[1::2], size)
 
     def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
                  ) -> tuple[list[tuple[bytes, bytes]], int]:

@@ -21,7 +21,6 @@ from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
 from grid.errors import ValueTooLargeError
 from grid.local_reads import RETRY, records
 from grid.serialization import (
-    array_header,
     decode_concatenated,
     deserialize_value,
     partition_id_of,
@@ -271,35 +270,39 @@ class Map:
         counts = [len(items) // 2 for items in items_by_pid.values()]
         self._send_put_all(items_by_pid, counts, frame, partitions)
 
-    def put_all_packed(self, pieces: Mapping[int, tuple[int, list]],
+    def put_all_packed(self, pieces: Mapping[int, tuple[int, list, list]],
                        partitions: set[int] | None) -> None:
         """``put_all_into`` of entries already serialized and grouped: ``pieces`` maps a
-        partition id to (entry count, buffers of its entries as put_all items laid end to
-        end: ``bin(key bytes) bin(value bytes)`` each, as ``protocol.pack_items`` lays out
-        a list). The Spark writer builds them from Arrow batches
+        partition id to (entry count, buffers of its part of a table of sizes, buffers of its
+        records), laid out as workers/record_block.py says: the members copy and index them
+        without a Python object per entry. The Spark writer builds them from Arrow batches
         (grid/spark/packed_write.py); the caller placed each key and checked each entry's
         size."""
 
         def frame(group: list[int]) -> bytes:
-            head = array_header(2 * sum(pieces[pid][0] for pid in group))
-            return b"".join([head, *(part for pid in group for part in pieces[pid][1])])
+            return b"".join([*(part for pid in group for part in pieces[pid][1]),
+                             *(part for pid in group for part in pieces[pid][2])])
 
-        self._send_put_all(pieces, [pieces[pid][0] for pid in pieces], frame, partitions)
+        self._send_put_all(pieces, [pieces[pid][0] for pid in pieces], frame, partitions,
+                           records=True)
 
     def _send_put_all(self, by_pid: Mapping[int, Any], counts: list[int],
-                      frame: Callable[[list[int]], bytes], partitions: set[int] | None) -> None:
+                      frame: Callable[[list[int]], bytes], partitions: set[int] | None,
+                      records: bool = False) -> None:
         """One PUT_ALL per owner of the partitions in ``by_pid``, ``counts`` entries each
-        (in its order), ``frame(group)`` the items of a group of partitions."""
+        (in its order), ``frame(group)`` the items of a group of partitions (or its records,
+        with ``records``)."""
         if partitions is not None:
             partitions.update(by_pid)
         iid = self._invoker.invocation_id()
         client_id = self._invoker.client_id
         count_of = dict(zip(by_pid, counts, strict=True))
+        form = {"laid_out": True} if records else {}
 
         def build(group: list[int]) -> tuple[dict, list]:
             # cid: the backup may answer in the owner's place (grid/cluster/chain.py)
             return {"ns": self.name, "pids": group, "counts": [count_of[pid] for pid in group],
-                    "iid": iid, "cid": client_id}, [frame(group)]
+                    "iid": iid, "cid": client_id, **form}, [frame(group)]
 
         self._invoker.invoke_partitions(p.PUT_ALL, list(by_pid), build,
                                         lambda group, header, reply: None)

@@ -12,8 +12,11 @@ value table), the same bytes are made column-wise instead:
   matrix of the keys (a key with a ``{`` byte is placed by the client's own function, so
   hash tags are placed exactly as everywhere else);
 - the rows sorted by partition (one Arrow ``take``), and each partition's rows a slice of
-  one buffer: the items of a put_all frame (``bin(key) bin(value)`` per row) as
-  ``protocol.pack_items`` would lay them out.
+  one buffer: records as the members' store lays them out (``[u32 key size][u32 value
+  size] key value``, the key and value bytes those the row path would store), and a slice of
+  a table of their sizes (workers/record_block.py: a member finds every record from it at
+  once, and indexes and copies a partition's records in one piece, with no Python object
+  per row as msgpack items would make).
 
 ``Map.put_all_packed`` sends them, one message per owner as ``put_all_into`` does.
 """
@@ -45,12 +48,14 @@ def packable(batch: pa.RecordBatch, key_index: int, value_index: int | None) -> 
 
 
 class PackedRows:
-    """One batch's rows as put_all items, grouped by partition: ``pieces`` maps a partition
-    id to (row count, its rows' items laid end to end). ``size`` is their bytes in all."""
+    """One batch's rows as records, grouped by partition: ``pieces`` maps a partition id to
+    (row count, its part of the table of sizes, its records laid end to end). ``size`` is
+    their bytes in all."""
 
     __slots__ = ("pieces", "size", "rows")
 
-    def __init__(self, pieces: dict[int, tuple[int, memoryview]], size: int, rows: int) -> None:
+    def __init__(self, pieces: dict[int, tuple[int, memoryview, memoryview]], size: int,
+                 rows: int) -> None:
         self.pieces = pieces
         self.size = size
         self.rows = rows
@@ -170,7 +175,7 @@ def _partition_ids(keys: pa.BinaryArray, partition_count: int) -> np.ndarray | N
 
 def pack_rows(batch: pa.RecordBatch, key_index: int, value_index: int,
               partition_count: int, max_entry_bytes: int) -> PackedRows | None:
-    """The batch's rows as put_all items by partition (the caller checked ``packable``);
+    """The batch's rows as records by partition (the caller checked ``packable``);
     None when a key is too long to hash here (the row path writes the batch).
     ValueTooLargeError, before anything is sent, for a row larger than ``max_entry_bytes``
     (serialized key and value), as ``put_all_into`` raises it."""
@@ -189,20 +194,24 @@ def pack_rows(batch: pa.RecordBatch, key_index: int, value_index: int,
     if pids is None:
         return None
     order = np.argsort(pids, kind="stable")  # a key's rows keep their order
-    # Per row: bin(key bytes), then bin(value bytes) whose own header is the value's.
-    value_headers = pc.binary_join_element_wise(_bin_headers(value_sizes), value_header, b"")
-    items = pc.binary_join_element_wise(
-        _bin_headers(key_sizes), key_bytes, value_headers, value, b""
-    ).take(pa.array(order))
-    offsets, _ = _offsets_and_data(items)
-    data = memoryview(items.buffers()[2])
+    # Per row: its key's and value's sizes, then the key bytes and the value bytes (whose
+    # own header is the value's).
+    n = len(batch)
+    sizes_table = np.empty((n, 2), "<u4")
+    sizes_table[:, 0], sizes_table[:, 1] = key_sizes, value_sizes
+    headers = _binary_array(sizes_table.view(np.uint8), np.arange(0, 8 * n + 1, 8, np.int32))
+    records = pc.binary_join_element_wise(headers, key_bytes, value_header, value, b""
+                                          ).take(pa.array(order))
+    offsets, _ = _offsets_and_data(records)
+    data = memoryview(records.buffers()[2])
+    table = memoryview(sizes_table[order].tobytes())
     counts = np.bincount(pids, minlength=partition_count)
     present = np.flatnonzero(counts)
     ends = np.cumsum(counts[present])
     starts = ends - counts[present]
     pieces = {
-        pid: (count, data[offsets[start]:offsets[end]])
+        pid: (count, table[8 * start:8 * end], data[offsets[start]:offsets[end]])
         for pid, count, start, end in zip(present.tolist(), counts[present].tolist(),
                                           starts.tolist(), ends.tolist(), strict=True)
     }
-    return PackedRows(pieces, int(offsets[-1] - offsets[0]), len(batch))
+    return PackedRows(pieces, int(offsets[-1] - offsets[0]) + len(table), n)

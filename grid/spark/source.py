@@ -524,16 +524,18 @@ class _PendingRows:
         if not self.packed:
             return
         counts: dict[int, int] = {}
-        parts: dict[int, list] = {}
+        tables: dict[int, list] = {}
+        records: dict[int, list] = {}
         for packed in self.packed:
-            for pid, (count, data) in packed.pieces.items():
+            for pid, (count, table, data) in packed.pieces.items():
                 if pid in counts:
                     counts[pid] += count
-                    parts[pid].append(data)
+                    tables[pid].append(table)
+                    records[pid].append(data)
                 else:
-                    counts[pid], parts[pid] = count, [data]
-        self.grid_map.put_all_packed({pid: (counts[pid], parts[pid]) for pid in counts},
-                                     self.touched)
+                    counts[pid], tables[pid], records[pid] = count, [table], [data]
+        self.grid_map.put_all_packed(
+            {pid: (counts[pid], tables[pid], records[pid]) for pid in counts}, self.touched)
         self.written += self.packed_rows
         self.packed, self.packed_rows, self.packed_bytes = [], 0, 0
 

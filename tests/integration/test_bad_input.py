@@ -53,6 +53,11 @@ GARBAGE = [
      msgpack.packb([b"k", b"v", b"k2", b"v2"])],
     [_header(op="get_all", id=28, ns="m", pids=[]), msgpack.packb([b"k"])],
     [_header(op="get_all", id=29, ns="m", pids=[0, 1]), msgpack.packb([b"k", b"j", b"i"])],
+    # records (workers/record_block.py): a table that says more than the frame holds, and
+    # a record whose header differs from the table
+    [_header(op="put_all", id=30, ns="m", pids=[0], counts=[1], laid_out=True), b"\x01\0"],
+    [_header(op="put_all", id=31, ns="m", pids=[0], counts=[1], laid_out=True),
+     b"\x01\0\0\0\x01\0\0\0" + b"\x02\0\0\0\0\0\0\0kv"],
 ]
 
 

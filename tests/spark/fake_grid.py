@@ -14,15 +14,14 @@ from typing import Any
 from grid.client.map import LocalFragment
 from grid.config import GridConfig
 from grid.local_reads import INDEX_ENTRY, INDEX_HEADER, RECORD_HEADER
-from grid.protocol import unpack_items
 from grid.serialization import (
-    array_header,
     deserialize_key,
     deserialize_value,
     partition_id_of,
     serialize_key,
     serialize_value,
 )
+from workers.record_block import parse_records
 
 MEMBERS = ("member-a", "member-b", "member-c")
 
@@ -125,13 +124,13 @@ class FakeMap:
         for (fragment, key_bytes), value_bytes in encoded:
             fragment[key_bytes] = value_bytes
 
-    def put_all_packed(self, pieces: Mapping[int, tuple[int, list]],
+    def put_all_packed(self, pieces: Mapping[int, tuple[int, list, list]],
                        partitions: set[int] | None) -> None:
-        """Like the client's, read back as a member reads a put_all frame; a key placed in
+        """Like the client's, read back as a member reads a records frame; a key placed in
         a partition other than its own fails."""
         self._grid.calls.append(("put_all", self.name))
-        for pid, (count, parts) in pieces.items():
-            items = unpack_items(array_header(2 * count) + b"".join(parts))
+        for pid, (count, tables, records) in pieces.items():
+            items = parse_records(b"".join([*tables, *records]), count).items()
             assert len(items) == 2 * count
             for key_bytes, value_bytes in zip(items[0::2], items[1::2], strict=True):
                 assert partition_id_of(key_bytes, self._grid.partition_count) == pid

@@ -1,10 +1,15 @@
-"""The Spark writer's column-wise put_all items (grid/spark/packed_write.py) against the row
-path: the same bytes in the same partitions, the same placement (hash tags included), the same
-refusals; and the writer keeping the rows' order when it switches between the two paths."""
+"""The Spark writer's column-wise put_all records (grid/spark/packed_write.py) against the row
+path: the same key and value bytes in the same partitions, the same placement (hash tags
+included), the same refusals; the writer keeping the rows' order when it switches between the
+two paths; and members storing and backing up the records (workers/record_block.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import time
 
 import mmh3
 import msgpack
@@ -18,6 +23,7 @@ from grid.spark import source
 from grid.spark.packed_write import KEY_BYTES_MAX, murmur3_32, pack_rows, packable
 from grid.spark.source import _PendingRows
 from tests.spark.fake_grid import FakeGrid
+from tests.workers.test_record_block import frame_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,21 +43,26 @@ def random_key(rng: random.Random, lengths: list[int] = KEY_LENGTHS) -> str:
 
 
 def expected_pieces(keys: list[str], values: list, partition_count: int
-                    ) -> dict[int, tuple[int, bytes]]:
-    """What the row path sends: each pair packed as the client packs it, by partition."""
-    items: dict[int, list[bytes]] = {}
+                    ) -> dict[int, tuple[int, bytes, bytes]]:
+    """What the row path's entries are as records: each pair's key and value bytes as the
+    client serializes them, by partition, with the table of their sizes."""
+    pairs: dict[int, list[tuple[bytes, bytes]]] = {}
     for key, value in zip(keys, values, strict=True):
         key_bytes = msgpack.packb(key, use_bin_type=True)
-        pair = items.setdefault(partition_id_of(key_bytes, partition_count), [])
-        pair += [key_bytes, msgpack.packb(value, use_bin_type=True)]
-    return {pid: (len(pair) // 2, b"".join(msgpack.packb(i, use_bin_type=True) for i in pair))
-            for pid, pair in items.items()}
+        pairs.setdefault(partition_id_of(key_bytes, partition_count), []).append(
+            (key_bytes, msgpack.packb(value, use_bin_type=True)))
+    return {pid: (len(group), *_table_and_records(group)) for pid, group in pairs.items()}
+
+
+def _table_and_records(pairs: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    frame = frame_of(pairs)
+    return frame[:8 * len(pairs)], frame[8 * len(pairs):]
 
 
 @pytest.mark.parametrize("short", [False, True])
 @pytest.mark.parametrize("value_type", [pa.binary(), pa.string()])
 @pytest.mark.parametrize("seed", range(3))
-def test_packed_rows_are_the_items_the_row_path_sends(short, value_type, seed) -> None:
+def test_packed_rows_are_the_entries_the_row_path_sends(short, value_type, seed) -> None:
     rng = random.Random(seed)
     key_lengths = SHORT_KEY_LENGTHS if short else KEY_LENGTHS
     value_lengths = SHORT_VALUE_LENGTHS if short else VALUE_LENGTHS
@@ -69,9 +80,10 @@ def test_packed_rows_are_the_items_the_row_path_sends(short, value_type, seed) -
     assert packable(batch, 0, 1)
     packed = pack_rows(batch, 0, 1, 271, 10**9)
     assert packed is not None and packed.rows == len(keys) - 3
-    got = {pid: (count, bytes(data)) for pid, (count, data) in packed.pieces.items()}
+    got = {pid: (count, bytes(table), bytes(data))
+           for pid, (count, table, data) in packed.pieces.items()}
     assert got == expected_pieces(keys[3:], values[3:], 271)
-    assert packed.size == sum(len(data) for _, data in got.values())
+    assert packed.size == sum(len(table) + len(data) for _, table, data in got.values())
 
 
 def test_murmur3_of_padded_rows_is_mmh3() -> None:
@@ -146,3 +158,52 @@ def test_a_spark_like_write_goes_through_the_packed_path(fake_grid, monkeypatch)
     rows.add(batch, 0, 1, ())
     rows.flush()
     assert sent == [2] and fake_grid.client().get_map("m").items() == {"a": b"1", "b": b"2"}
+
+
+def test_packed_records_are_held_by_owners_and_backups(cluster_factory) -> None:
+    """A packed write to a real cluster: the owners take the records frames, and hand their
+    backups records cut from them; a partition holding a key already takes its records one
+    at a time. Every entry is read back, and still after two of the three members die
+    (backup 2: the survivor was owner or backup of every partition)."""
+    cluster = cluster_factory(members=3, backup_count=2)
+    rng = random.Random(11)
+    keys = [f"r{i}" for i in range(3000)]
+    values = [rng.randbytes(rng.randrange(300)) for _ in keys]
+    batch = pa.RecordBatch.from_arrays([pa.array(keys), pa.array(values, pa.binary())],
+                                       ["key", "value"])
+    expected = dict(zip(keys, values, strict=True))
+    with cluster.connect() as client:
+        m = client.get_map("packed")
+        m.put("r0", b"old")
+        packed = pack_rows(batch, 0, 1, m._partition_count, 10**9)
+        m.put_all_packed({pid: (count, [table], [data])
+                          for pid, (count, table, data) in packed.pieces.items()}, None)
+        assert m.get_all(keys) == expected
+        assert m.size() == len(keys)
+    for name in ("member-0", "member-2"):
+        os.kill(cluster.member(name)["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while len(json.loads(cluster.cli("status", "--json").stdout)["members"]) != 1:
+        assert time.monotonic() < deadline, "the two dead members were removed"
+        time.sleep(0.1)
+    with cluster.connect() as client:
+        assert client.get_map("packed").get_all(keys) == expected
+
+
+def test_a_member_refuses_packed_records_larger_than_its_limit(cluster_factory, tmp_path
+                                                               ) -> None:
+    """The owner checks a records frame's entries against max_value_bytes before it writes
+    any (the writer checks them too, with the limit it was given)."""
+    config = tmp_path / "shmgrid.toml"
+    config.write_text("max_value_bytes = 200\n")
+    cluster = cluster_factory(members=1, backup_count=0, config=str(config))
+    batch = pa.RecordBatch.from_arrays([pa.array(["small", "big"]),
+                                        pa.array([b"v", b"x" * 300], pa.binary())],
+                                       ["key", "value"])
+    with cluster.connect() as client:
+        m = client.get_map("packed")
+        packed = pack_rows(batch, 0, 1, m._partition_count, 10**9)
+        with pytest.raises(ValueTooLargeError):
+            m.put_all_packed({pid: (count, [table], [data])
+                              for pid, (count, table, data) in packed.pieces.items()}, None)
+        assert m.size() == 0

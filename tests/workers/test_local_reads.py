@@ -21,6 +21,7 @@ from grid.client.local_reads import MISS, UNPUBLISHED, LocalReader
 from grid.client.map import LocalFragment
 from grid.local_reads import RETRY, SEQ, SLOT, probe, records
 from tests.workers.conftest import unique_prefix
+from tests.workers.test_record_block import frame_of
 from tests.workers.test_record_store import (
     KEYS,
     StoreMachine,
@@ -29,6 +30,7 @@ from tests.workers.test_record_store import (
 )
 from workers import local_reads, record_store
 from workers.local_reads import LocalReadDirectory, SharedIndex, fence
+from workers.record_block import parse_records
 from workers.record_store import BLOCK_APPEND_MIN, RecordStore
 from workers.shm import list_segments, remove_segments
 
@@ -300,6 +302,19 @@ def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) ->
     store.settle(1, "m")
     wanted = {b"k": b"v", **first, **second}
     assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
+
+
+def test_a_block_into_a_published_fragment_reaches_its_shared_index(published) -> None:
+    """New keys appended as a block to a published fragment are in its shared index (under
+    the fragment's seqlock) and read by a local reader once settled."""
+    store, reader, member = published
+    pairs = [(b"p%d" % i, b"v" * i) for i in range(40)]
+    block = parse_records(frame_of(pairs), len(pairs))
+    store.put_groups("m", [(1, block)])
+    store._check()  # every shared index holds what its fragment's dict holds
+    store.settle(1, "m")
+    assert [reader.get("m", key, 1, UUID, member) for key, _ in pairs] == \
+        [value for _, value in pairs]
 
 
 def test_a_store_keeps_shared_indexes_only_of_the_partitions_it_shares(shm_prefix) -> None:

@@ -118,10 +118,12 @@ class RecordBlock:
     def __len__(self) -> int:
         return 2 * (self.hi - self.lo)
 
-    def __getitem__(self, items: slice) -> RecordBlock:
+    def __getitem__(self, items: slice) -> RecordBlock | list[bytes]:
+        """Whole records (a slice of step 1 from a key to a key): a block of them; any other
+        slice: the items it selects, as a list would give them (``[::2]``: the keys)."""
         start, stop, step = items.indices(len(self))
         if step != 1 or start & 1 or stop & 1:
-            raise IndexError("a record block is cut at whole records")
+            return self.items()[items]
         return RecordBlock(self.frame, self.lo + start // 2, self.lo + max(start, stop) // 2)
 
     def __iter__(self) -> Iterator[bytes]:

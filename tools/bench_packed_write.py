@@ -22,9 +22,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
+
+from worktrees import compared_trees
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH_ROWS = 10_000
@@ -88,12 +89,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.rows < BATCH_ROWS or args.rounds < 2:
         parser.error(f"--rows is at least {BATCH_ROWS:,} and --rounds at least 2")
-    with tempfile.TemporaryDirectory(prefix="shmgrid-packed-") as tmp:
-        trees = {"tree": ROOT}
-        if args.base:
-            trees = {args.base: Path(tmp) / "base", "tree": ROOT}
-            subprocess.run(["git", "worktree", "add", "--detach", str(trees[args.base]),
-                            args.base], cwd=ROOT, check=True, capture_output=True)
+    with compared_trees(args.base) as trees:
         running: dict[str, tuple[str, subprocess.Popen]] = {}
         try:
             for label, tree in trees.items():
@@ -117,9 +113,6 @@ def main() -> int:
                 subprocess.run([sys.executable, "-m", "grid", "stop", "--cluster-name", name],
                                cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                                capture_output=True, timeout=300)
-            if args.base:
-                subprocess.run(["git", "worktree", "remove", "--force", str(trees[args.base])],
-                               cwd=ROOT, capture_output=True)
     medians = {label: {key: statistics.median(r[key] for r in runs[1:])
                        for key in ("rows_per_s", "member_us_per_row")}
                for label, runs in results.items()}

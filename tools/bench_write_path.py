@@ -32,8 +32,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from worktrees import compared_trees
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 20
@@ -177,19 +178,9 @@ def main() -> int:
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     batches = args.batches or (50 if args.instructions else 400)
-    with tempfile.TemporaryDirectory(prefix="shmgrid-write-path-") as tmp:
-        trees = {"tree": ROOT}
-        if args.base:
-            trees = {args.base: Path(tmp) / "base", "tree": ROOT}
-            subprocess.run(["git", "worktree", "add", "--detach", str(trees[args.base]),
-                            args.base], cwd=ROOT, check=True, capture_output=True)
-        try:
-            for spread in args.partitions:
-                report(trees, spread, batches, args.rounds, args.instructions)
-        finally:
-            if args.base:
-                subprocess.run(["git", "worktree", "remove", "--force",
-                                str(trees[args.base])], cwd=ROOT, capture_output=True)
+    with compared_trees(args.base) as trees:
+        for spread in args.partitions:
+            report(trees, spread, batches, args.rounds, args.instructions)
     return 0
 
 

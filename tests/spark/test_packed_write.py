@@ -23,7 +23,7 @@ from grid.spark import source
 from grid.spark.packed_write import KEY_BYTES_MAX, murmur3_32, pack_rows, packable
 from grid.spark.source import _PendingRows
 from tests.spark.fake_grid import FakeGrid
-from tests.workers.test_record_block import frame_of
+from tests.workers.test_record_block import frame_of, padded
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,12 +89,8 @@ def test_packed_rows_are_the_entries_the_row_path_sends(short, value_type, seed)
 def test_murmur3_of_padded_rows_is_mmh3() -> None:
     rng = random.Random(7)
     keys = [rng.randbytes(rng.randrange(41)) for _ in range(3000)]
-    width = 44
-    matrix = np.zeros((len(keys), width), np.uint8)
-    for row, key in enumerate(keys):
-        matrix[row, : len(key)] = list(key)
     lengths = np.array([len(k) for k in keys], np.int64)
-    assert murmur3_32(matrix.view("<u4"), lengths).tolist() == \
+    assert murmur3_32(padded(keys, 44).view("<u4"), lengths).tolist() == \
         [mmh3.hash(k, 0, True) for k in keys]
 
 

@@ -29,15 +29,19 @@ def frame_of(pairs: list[tuple[bytes, bytes]]) -> bytes:
     return table + b"".join(struct.pack("<II", len(k), len(v)) + k + v for k, v in pairs)
 
 
-def test_murmur3_of_padded_rows_is_the_stores_key_hash() -> None:
-    rng = random.Random(5)
-    keys = [rng.randbytes(rng.randrange(70)) for _ in range(3000)] + [b""]
-    width = 80
+def padded(keys: list[bytes], width: int) -> np.ndarray:
+    """The keys zero-padded to ``width`` bytes, a key a row (what the numpy hashes take)."""
     matrix = np.zeros((len(keys), width), np.uint8)
     for row, key in enumerate(keys):
         matrix[row, :len(key)] = list(key)
+    return matrix
+
+
+def test_murmur3_of_padded_rows_is_the_stores_key_hash() -> None:
+    rng = random.Random(5)
+    keys = [rng.randbytes(rng.randrange(70)) for _ in range(3000)] + [b""]
     lengths = np.array([len(key) for key in keys], np.int64)
-    assert murmur3_x64_64(matrix.view("<u8"), lengths).tolist() == \
+    assert murmur3_x64_64(padded(keys, 80).view("<u8"), lengths).tolist() == \
         [mmh3.hash128(key) & (2**64 - 1) for key in keys] == list(map(key_hash, keys))
 
 

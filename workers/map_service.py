@@ -26,6 +26,7 @@ The guarantees, and where each is kept:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import deque
@@ -102,6 +103,11 @@ class FragmentChunk:
 
 NOT_APPLIED = object()  # a backup operation older than the replica: ignored
 OWNERSHIP_CHANGED = "ownership of the partition changed during the write; resend it"
+
+
+def _items_frame(parts: list[list[bytes]]) -> bytes:
+    """One frame of the items of a backup operation's parts, in order."""
+    return p.pack_items(parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts)))
 
 
 class MapService:
@@ -473,21 +479,14 @@ class MapService:
         limit = self.config.max_value_bytes
         if len(frames[0]) > limit:  # else no entry of the payload can be larger
             for items in groups.values():
-                if items.__class__ is RecordBlock:
-                    size = items.largest() if items.frame.largest > limit else 0
-                    if size > limit:
-                        self.member.reply_error(ident, header, p.TOO_LARGE,
-                                                f"an entry of {size} bytes", size=size,
-                                                limit=limit)
-                        return
-                    continue
-                for i in range(0, len(items), 2):
-                    size = len(items[i]) + len(items[i + 1])
-                    if size > limit:
-                        self.member.reply_error(ident, header, p.TOO_LARGE,
-                                                f"an entry of {size} bytes", size=size,
-                                                limit=limit)
-                        return
+                size = items.largest() if items.__class__ is RecordBlock else max(
+                    (len(items[i]) + len(items[i + 1]) for i in range(0, len(items), 2)),
+                    default=0)
+                if size > limit:
+                    self.member.reply_error(ident, header, p.TOO_LARGE,
+                                            f"an entry of {size} bytes", size=size,
+                                            limit=limit)
+                    return
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
@@ -630,10 +629,11 @@ class MapService:
         # for all of the write; not an answer that says more than ok: "wrong" partitions).
         chain_to: set[str] | None = \
             set() if chain is not None and track and not any(ticket.fields.values()) else None
-        # A put_all's records (workers/record_block.py) go on as records, cut from its frame.
+        # Each backup's payload: its parts' items in one frame, or a put_all's records
+        # (workers/record_block.py) cut from its frame.
         records = bool(pids) and items_by_pid[pids[0]].__class__ is RecordBlock
         fields = {"ns": ns, "kind": kind, "laid_out": True} if records else {"ns": ns, "kind": kind}
-        payload_of = records_frame if records else p.pack_items
+        payload_of = records_frame if records else _items_frame
         # (A batch of 100 keys has 80 partitions: the table's rows are read in line.)
         for pid, versions, target_versions in zip(pids, vectors, targets, strict=True):
             items = items_by_pid[pid]
@@ -657,19 +657,16 @@ class MapService:
                         pending.add(pid)
                 group = sync_groups.get(uuid)
                 if group is None:
-                    sync_groups[uuid] = ([part], [items] if records else list(items))
-                elif records:
-                    group[0].append(part)
-                    group[1].append(items)
+                    sync_groups[uuid] = ([part], [items])
                 else:
                     group[0].append(part)
-                    group[1].extend(items)
+                    group[1].append(items)
             if async_count:
                 for uuid in row[sync_end:async_end]:
                     if uuid:
                         group = async_groups.setdefault(uuid, ([], []))
                         group[0].append(part)
-                        group[1].append(items) if records else group[1].extend(items)
+                        group[1].append(items)
         if chain_to and owner_may_chain(len(chain_to), len(ticket.waiters), durable_wait):
             ticket.chained = True
         if iid is not None and items_by_pid:

@@ -31,6 +31,8 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import and_, lt, rshift
 from typing import TYPE_CHECKING, Any
 
 from grid import protocol as p
@@ -46,6 +48,7 @@ from grid.partition.replica_versions import (
     BackupDecision,
     ReplicaVersions,
 )
+from workers.backup_parts import BackupParts, pack_parts
 from workers.record_block import RecordBlock, parse_records, records_frame
 from workers.record_store import HASH_SPACE, FragmentLoan, ValueTooLargeError
 
@@ -103,6 +106,15 @@ class FragmentChunk:
 
 NOT_APPLIED = object()  # a backup operation older than the replica: ignored
 OWNERSHIP_CHANGED = "ownership of the partition changed during the write; resend it"
+
+
+def _cut(items: Any, counts: list[int]) -> list[Any]:
+    """``items`` cut into runs of ``counts`` items each."""
+    runs, at = [], 0
+    for count in counts:
+        runs.append(items[at:at + count])
+        at += count
+    return runs
 
 
 def _items_frame(parts: list[list[bytes]]) -> bytes:
@@ -421,8 +433,9 @@ class MapService:
         return served, wrong
 
     def _grouped_items(self, header: dict[str, Any], frames: list[bytes]
-                       ) -> dict[int, list[bytes] | RecordBlock]:
-        """A put_all's items (a key and a value an entry) grouped by partition, as the
+                       ) -> tuple[dict[int, list[bytes] | RecordBlock], Any]:
+        """A put_all's items (a key and a value an entry) grouped by partition, and all of
+        them (a list, or a RecordBlock), as the
         header's counts say, checked: every partition id in range and named once, every
         count an int >= 0, and the counts add up to the items. (The checks are made inline:
         this runs for every partition of every batch.) The payload may be records, laid out
@@ -451,7 +464,7 @@ class MapService:
             end = at + 2 * count
             groups[pid] = items[at:end]
             at = end
-        return groups
+        return groups, items
 
     def _partition_write(self, ident: bytes, header: dict[str, Any], ns: str,
                          pids: list[int], wrong: list[int],
@@ -463,7 +476,8 @@ class MapService:
         invocation id."""
         iid = self._iid(header)
         names = [ns, *extra_slots]
-        ticket = Ticket([(pid, name) for pid in pids for name in names],
+        ticket = Ticket(zip(pids, repeat(ns)) if not extra_slots else
+                        [(pid, name) for pid in pids for name in names],
                         [(ident, header.get("id"))], self._wrong(wrong))
         if iid is None or (iid not in self.records and iid not in self.in_flight):
             return ticket, pids, iid  # a first attempt: nothing of it was applied yet
@@ -473,7 +487,7 @@ class MapService:
 
     def _on_put_all(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         ns = self._ns(header)
-        groups = self._grouped_items(header, frames)
+        groups, items = self._grouped_items(header, frames)
         # Refuse a too large entry before anything is applied: a refusal half way would leave
         # the partitions before it written here and on no backup.
         limit = self.config.max_value_bytes
@@ -492,7 +506,11 @@ class MapService:
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
         if len(fresh) != len(groups):  # (else they are the same partitions)
             groups = {pid: groups[pid] for pid in fresh}
-        self.store.put_groups(ns, list(groups.items()))
+            self.store.put_groups(ns, list(groups.items()))
+        elif items.__class__ is RecordBlock:
+            self.store.put_groups(ns, list(groups.items()))
+        else:  # all of the batch: as it came
+            self.store.put_runs(ns, header["pids"], header["counts"], items)
         # Its backup may answer a first attempt (a resend's ticket waits on earlier ones).
         client_id = header.get("cid")
         chain = [None, client_id, header.get("id")] \
@@ -616,57 +634,53 @@ class MapService:
         pids = list(items_by_pid)
         increment = self.versions.increment_many
         vectors = increment(pids, ns, sync_count + async_count)
-        targets = [None] * len(pids) if target is None else \
-            increment(pids, target, sync_count + async_count)
-        sync_groups: dict[str, tuple[list, list]] = {}
-        async_groups: dict[str, tuple[list, list]] = {}
+        targets = None if target is None else increment(pids, target, sync_count + async_count)
+        sync_groups: dict[str, tuple[list[int], list[Any]]] = {}
+        async_groups: dict[str, tuple[list[int], list[Any]]] = {}
         journal = self.member.journal
         durable_wait = journal is not None and self.config.persistence_fsync == "always"
-        waiting = ticket.waiting
         ticket.written.update(pids)
         track = not self.ack_early
         # Every partition's synchronous backups, while each has one (the backup answers only
         # for all of the write; not an answer that says more than ok: "wrong" partitions).
         chain_to: set[str] | None = \
             set() if chain is not None and track and not any(ticket.fields.values()) else None
-        # Each backup's payload: its parts' items in one frame, or a put_all's records
+        # Each backup's payload: its partitions' items in one frame, or a put_all's records
         # (workers/record_block.py) cut from its frame.
         records = bool(pids) and items_by_pid[pids[0]].__class__ is RecordBlock
-        fields = {"ns": ns, "kind": kind, "laid_out": True} if records else {"ns": ns, "kind": kind}
+        fields: dict[str, Any] = {"ns": ns, "kind": kind}
+        if records:
+            fields["laid_out"] = True
+        if iid is not None:
+            fields["iid"] = iid
+        if want_old:
+            fields["old"] = True
         payload_of = records_frame if records else _items_frame
         # (A batch of 100 keys has 80 partitions: the table's rows are read in line.)
-        for pid, versions, target_versions in zip(pids, vectors, targets, strict=True):
-            items = items_by_pid[pid]
-            part = [pid, versions, len(items), table_versions[pid], iid, want_old,
-                    target_versions]  # (the vectors are tuples: msgpack packs them as arrays)
-            row = rows[pid]
-            sync = row[1:sync_end]
-            if None in sync:
-                sync = tuple(uuid for uuid in sync if uuid)
-            if not sync:
-                ticket.needs_lease = True  # nobody else will hold it: we act alone
-                chain_to = None
-            elif chain_to is not None:
-                chain_to.update(sync)
-            for uuid in sync:
-                if track:
-                    pending = waiting.get(uuid)
-                    if pending is None:
-                        waiting[uuid] = {pid}
-                    else:
-                        pending.add(pid)
-                group = sync_groups.get(uuid)
+        group_of = sync_groups.get
+        for pid, items in items_by_pid.items():
+            for uuid in rows[pid][1:sync_end]:
+                if uuid is None:
+                    continue
+                group = group_of(uuid)
                 if group is None:
-                    sync_groups[uuid] = ([part], [items])
+                    sync_groups[uuid] = ([pid], [items])
                 else:
-                    group[0].append(part)
+                    group[0].append(pid)
                     group[1].append(items)
             if async_count:
-                for uuid in row[sync_end:async_end]:
+                for uuid in rows[pid][sync_end:async_end]:
                     if uuid:
                         group = async_groups.setdefault(uuid, ([], []))
-                        group[0].append(part)
+                        group[0].append(pid)
                         group[1].append(items)
+        if pids and (not sync_count or (
+                sum(len(group[0]) for group in sync_groups.values()) < len(pids) * sync_count
+                and not all(any(rows[pid][1:sync_end]) for pid in pids))):
+            ticket.needs_lease = True  # a partition nobody else will hold: we act alone
+            chain_to = None
+        elif chain_to is not None:
+            chain_to.update(sync_groups)
         if chain_to and owner_may_chain(len(chain_to), len(ticket.waiters), durable_wait):
             ticket.chained = True
         if iid is not None and items_by_pid:
@@ -677,19 +691,31 @@ class MapService:
             self.durable_waiting.append(ticket)
         self.order.enqueue(ticket)
         now = self.member.now()
-        for uuid, (parts, payload) in sync_groups.items():
-            op_fields = {**fields, "parts": parts}
+        vector_of = dict(zip(pids, vectors, strict=True))
+        target_of = None if target is None else dict(zip(pids, targets, strict=True))
+
+        def packed(group: tuple[list[int], list[Any]]) -> dict[str, Any]:
+            group_pids = group[0]
+            return {**fields, "pp": pack_parts(
+                group_pids, list(map(len, group[1])),
+                list(map(table_versions.__getitem__, group_pids)),
+                list(map(vector_of.__getitem__, group_pids)),
+                None if target_of is None else list(map(target_of.__getitem__, group_pids)))}
+
+        for uuid, group in sync_groups.items():
+            op_fields = packed(group)
+            if track:
+                ticket.waiting[uuid] = set(group[0])
             if ticket.chained:
                 op_fields["answer"] = chain
-            op = self.streams.add(uuid, op_fields, [payload_of(payload)], now)
-            if not self.ack_early:
+            op = self.streams.add(uuid, op_fields, [payload_of(group[1])], now, group[0])
+            if track:
                 self.op_tickets[(uuid, op.seq)] = ticket
                 self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
-        for uuid, (parts, payload) in async_groups.items():
+        for uuid, group in async_groups.items():
             # Asynchronous: nobody waits, a lost one is for replica sync to repair.
-            self.member.request_peer(uuid, p.BACKUP, {**fields, "parts": parts},
-                                     [payload_of(payload)], lambda h, f: None,
-                                     timeout=self.config.heartbeat_timeout)
+            self.member.request_peer(uuid, p.BACKUP, packed(group), [payload_of(group[1])],
+                                     lambda h, f: None, timeout=self.config.heartbeat_timeout)
         self._settle(ticket)
 
     def _send_backup(self, uuid: str, op: OutgoingOp) -> None:
@@ -714,11 +740,10 @@ class MapService:
         if header.get("answered") and ticket.chained:  # the backup answered our caller
             ticket.chained = False
             ticket.waiters.pop(0)
-        refused = set(header.get("refused") or ())
+        refused = header.get("refused")
         waiting = ticket.waiting.get(uuid)
         if waiting is not None:
-            waiting.difference_update([part[0] for part in op.fields["parts"]
-                                       if part[0] not in refused])
+            waiting.difference_update(set(op.pids).difference(refused) if refused else op.pids)
             if not waiting:
                 del ticket.waiting[uuid]
         if refused:
@@ -784,15 +809,15 @@ class MapService:
         ticket = Ticket([(pid, ns) for ns in namespaces], [])
         ticket.written.add(pid)
         ticket.waiting = {uuid: {pid} for uuid in sync}
-        part = [pid, [0] * REPLICA_VERSION_COUNT, len(items),
-                self.member.cluster.table.version(pid), None, False, None]
+        parts = pack_parts([pid], [len(items)], [self.member.cluster.table.version(pid)],
+                           [[0] * REPLICA_VERSION_COUNT])
         self.order.enqueue(ticket)
-        fields = {"ns": namespaces[0] if namespaces else "", "kind": SYNC_KIND, "parts": [part],
+        fields = {"ns": namespaces[0] if namespaces else "", "kind": SYNC_KIND, "pp": parts,
                   "vectors": vectors, "records": self.records_of(pid)}
         frames = [p.pack_items(items)]
         now = self.member.now()
         for uuid in sync:
-            op = self.streams.add(uuid, fields, frames, now)
+            op = self.streams.add(uuid, fields, frames, now, [pid])
             self.op_tickets[(uuid, op.seq)] = ticket
             self._send_backup(uuid, op)
         log.info("partition %d: promoted here; syncing %d namespaces to %d backups", pid,
@@ -906,7 +931,7 @@ class MapService:
         """No answer about these slots waits any more (``_on_slot_idle``); only slots of a
         published map have anything to settle (a batch of 100 keys leaves 80 idle)."""
         local = self.store.local
-        if local is None:
+        if local is None or not local.namespaces:
             return
         published, owned = local.namespaces, self.owned
         for pid, ns in slots:
@@ -961,42 +986,29 @@ class MapService:
 
     # -- replication: the backup's side ----------------------------------------------------
 
-    def _parse_backup(self, header: dict[str, Any], frames: list[bytes]) -> list[list[Any]]:
-        kind, parts = header.get("kind"), header.get("parts")
+    def _parse_backup(self, header: dict[str, Any], frames: list[bytes]) -> BackupParts:
+        """A backup operation's parts (workers/backup_parts.py), checked, and kept in its
+        header as ``parts`` (an operation held until our table catches up is judged from
+        its header later); ProtocolError for a malformed one."""
+        kind = header.get("kind")
         if kind != SYNC_KIND:  # (a sync names its namespaces in its items: maybe none)
             self._ns(header)
-        if kind not in BACKUP_KINDS or not isinstance(parts, list) or len(frames) != 1:
+        if kind not in BACKUP_KINDS or len(frames) != 1:
             raise ProtocolError("malformed backup")
-        partition_count = self.config.partition_count
-        for part in parts:  # (a batch of 100 keys has 80 parts: class tests, few calls)
-            if part.__class__ is not list or len(part) != 7:
-                raise ProtocolError("a backup part is [pid, versions, count, table version, "
-                                    "invocation id, want old value, target versions]")
-            pid, versions, count, table_version, iid, _, target_versions = part
-            if pid.__class__ is not int or not 0 <= pid < partition_count:
-                self.check_pid(pid)  # raises
-            # The part's own vector's entries are checked where they are applied, before
-            # anything is; the target's here: it is applied after the part's versions.
-            if (versions is not None and (versions.__class__ is not list
-                                          or len(versions) != REPLICA_VERSION_COUNT)) \
-                    or (target_versions is not None
-                        and (target_versions.__class__ is not list
-                             or len(target_versions) != REPLICA_VERSION_COUNT
-                             or not all(version.__class__ is int and version >= 0
-                                        for version in target_versions))):
-                raise ProtocolError("a version vector has six ints >= 0")
-            if count.__class__ is not int or count < 0 or table_version.__class__ is not int:
-                raise ProtocolError("a backup part's count and table version are ints")
-            if iid is not None and iid.__class__ is not str:
-                raise ProtocolError("an invocation id is a str")
-        if kind == REPLACE_CONTENTS_KIND and not all(part[6] for part in parts):
-            raise ProtocolError("replace_contents backups carry the target's versions")
+        parts = BackupParts.unpack(header.get("pp"), kind == REPLACE_CONTENTS_KIND,
+                                   self.config.partition_count)
+        iid = header.get("iid")
+        if iid is not None and iid.__class__ is not str:
+            raise ProtocolError("an invocation id is a str")
+        if header.get("old", False).__class__ is not bool:
+            raise ProtocolError("a backup's old is a bool")
         if kind == SYNC_KIND and not isinstance(header.get("vectors"), dict):
             raise ProtocolError("a sync carries the owner's version vector per namespace")
         answer = header.get("answer")
         if answer is not None and (not isinstance(answer, list) or len(answer) != 3
                                    or answer[1].__class__ is not str):
             raise ProtocolError("a chained answer is [pid, client id, request id]")
+        header["parts"] = parts
         return parts
 
     def _on_backup(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
@@ -1013,7 +1025,7 @@ class MapService:
             raise ProtocolError("a backup's seq is an int")
         arrival, result = self.inbox.arrive(sender, seq)
         if arrival == Arrival.DUPLICATE:
-            refused = result if result is not None else [part[0] for part in parts]
+            refused = result if result is not None else parts.pids
             self.member.reply_ok(ident, header, refused=refused)
         elif arrival == Arrival.PENDING:
             self.inbox.replace_held(sender, seq, (ident, header, frames))
@@ -1026,11 +1038,11 @@ class MapService:
             self._process(sender, seq, ident, header, frames)
         # Arrival.GAP: dropped; the owner sends the missing one and this one again, in order.
 
-    def _behind(self, parts: list[list[Any]]) -> bool:
+    def _behind(self, parts: BackupParts) -> bool:
         """Whether our table is older than the owner's for a partition of the operation:
         then we cannot judge it yet."""
         versions = self.member.cluster.table.live_rows()[1]  # (pids checked on arrival)
-        return any(versions[part[0]] < part[3] for part in parts)
+        return any(map(lt, map(versions.__getitem__, parts.pids), parts.table_versions))
 
     def _awaits_sync(self, header: dict[str, Any]) -> bool:
         """Whether the operation writes a replica that failed to apply an earlier one and
@@ -1044,12 +1056,12 @@ class MapService:
             return False
         ns, sender = header["ns"], header["from"]
         rows, me = self.member.cluster.table.live_rows()[0], self.member.info.uuid
-        for part in header["parts"]:
-            slot = (part[0], ns)
+        for pid in header["parts"].pids:
+            slot = (pid, ns)
             if slot in missing:
                 if not self.versions.is_dirty(*slot):
                     missing.discard(slot)  # synced (or dropped) since
-                elif rows[part[0]][0] == sender and me in rows[part[0]]:
+                elif rows[pid][0] == sender and me in rows[pid]:
                     return True
         return False
 
@@ -1081,79 +1093,103 @@ class MapService:
         return the partitions refused, and whether we answered the caller of a chained
         write (grid/cluster/chain.py)."""
         sender, ns, kind = header["from"], header["ns"], header["kind"]
-        parts = header["parts"]
+        parts: BackupParts = header["parts"]
+        counts = parts.counts
         if header.get("laid_out"):  # records (workers/record_block.py), two items each
-            if kind != PUT_KIND or any(part[2] & 1 for part in parts):
+            if kind != PUT_KIND or any(map(and_, counts, repeat(1))):
                 raise ProtocolError("records are a put's, a key and a value each")
-            items: Any = parse_records(frames[0], sum(part[2] for part in parts) >> 1)
+            items: Any = parse_records(frames[0], sum(counts) >> 1)
         else:
             items = p.unpack_items(frames[0])
-        if sum(part[2] for part in parts) != len(items):
+        if sum(counts) != len(items):
             raise ProtocolError("backup counts do not match the payload")
         rows, me = self.member.cluster.table.live_rows()[0], self.member.info.uuid
-        now = self.member.now()
         if kind == SYNC_KIND:
             return self._apply_sync_op(header, parts, items, rows, me), False
-        # The parts whose partition our table says we back up for the sender; the rest are
-        # refused. (A batch of 100 keys has 80 parts: rows are read in line.)
-        refused, taken, pids, indexes, vectors, chunks, at = [], [], [], [], [], [], 0
-        for part in parts:
-            pid, count = part[0], part[2]
+        # Our replica index of each part's partition, if our table says we back it up for
+        # the sender (a batch of 100 keys has 80 parts: rows are read in line).
+        pids = parts.pids
+        indexes = []
+        for pid in pids:
             row = rows[pid]
-            index = row.index(me) if me in row else -1
-            if row[0] != sender or index <= 0:
-                refused.append(pid)
+            indexes.append(row.index(me) if row[0] == sender and me in row else 0)
+        iid, want_old = header.get("iid"), header.get("old", False)
+        answer = header.get("answer")
+        answer_pid = None if answer is None else answer[0]
+        now = self.member.now()
+        # A steady stream: a put of partitions we all back up for the sender, each the next
+        # operation its replica expects, none of them with a replica sync under way: the
+        # versions are taken and the items stored in one call (a single key's put returns
+        # the previous value, which is the owner's: the replica was in step).
+        if kind == PUT_KIND and 0 not in indexes and not self.drop_backup_every \
+                and (answer_pid is None or answer_pid == pids[0]) \
+                and (len(items) == 2 and len(pids) == 1 or not want_old and answer_pid is None) \
+                and self.member.syncs.requests.pending.keys().isdisjoint(pids) \
+                and self.versions.apply_in_sequence(ns, pids, indexes, parts.versions):
+            old = None
+            try:
+                if items.__class__ is RecordBlock:
+                    self.store.put_groups(ns, list(zip(pids, _cut(items, counts), strict=True)))
+                elif len(items) == 2:  # one key
+                    old = self.store.put(pids[0], ns, items[0], items[1])
+                else:
+                    self.store.put_runs(ns, pids, list(map(rshift, counts, repeat(1))), items)
+            except BaseException:
+                self._unapplied(ns, pids)
+                raise
+            if iid is not None:
+                self.records.record(iid, pids, old if want_old else None, now)
+            return [], answer is not None and self._answer_caller(pids, ns, answer[1],
+                                                                  answer[2], old, True)
+        # Part by part: the parts whose partition our table says we back up for the sender;
+        # the rest are refused.
+        refused, taken, chunks, at = [], [], [], 0
+        for i, count in enumerate(counts):
+            if not indexes[i]:
+                refused.append(pids[i])
             elif not self.drop_backup_every or self._keep_backup_part():
-                taken.append(part)
-                pids.append(pid)
-                indexes.append(index)
-                vectors.append(part[1])
+                taken.append(i)
                 chunks.append(items[at:at + count])
             at += count
-        decisions = self.versions.apply_backups(ns, pids, indexes, vectors)
+        decisions = self.versions.apply_backups(ns, [pids[i] for i in taken],
+                                                [indexes[i] for i in taken],
+                                                [parts.vector(i) for i in taken])
         # In-sequence puts that need no old value go to the store in one call; the rest one
         # by one.
         pending_syncs = self.member.syncs.requests.pending
-        answer, answered = header.get("answer"), False
-        answer_pid = None if answer is None else answer[0]
+        answered = False
         groups: list[tuple[int, list[bytes]]] = []
-        applied: dict[str, tuple[list[int], bytes | None]] = {}  # iid -> (pids, outcome)
-        applied_parts = 0
+        applied_pids: list[int] = []
+        outcome = None
         in_sequence = BackupDecision.APPLY if kind == PUT_KIND else None
-        for part, index, chunk, decision in zip(taken, indexes, chunks, decisions,
-                                                 strict=True):
-            pid, versions, _, _, iid, want_old, target_versions = part
+        for i, chunk, decision in zip(taken, chunks, decisions, strict=True):
+            pid, target_versions = pids[i], parts.target_vector(i)
             if decision is in_sequence and not want_old and pid != answer_pid \
                     and target_versions is None and pid not in pending_syncs:
                 groups.append((pid, chunk))
                 old = None
             else:
-                old = self._decided(decision, pid, index, ns, kind, chunk, versions,
-                                    target_versions)
+                old = self._decided(decision, pid, indexes[i], ns, kind, chunk,
+                                    parts.vector(i), target_versions)
                 if old is NOT_APPLIED:
                     continue
                 if pid == answer_pid:
                     answered = self._answer_caller([pid], ns, answer[1], answer[2], old)
-            applied_parts += 1
-            if iid is not None:
-                done = applied.get(iid)
-                if done is None:
-                    applied[iid] = ([pid], old if want_old else None)
-                else:
-                    done[0].append(pid)
+            if want_old and not applied_pids:
+                outcome = old  # (the first part's: a call that wants it writes one key)
+            applied_pids.append(pid)
         if groups:
             try:
                 self.store.put_groups(ns, groups)
             except BaseException:
                 self._unapplied(ns, [pid for pid, _ in groups])
                 raise
-        for iid, (applied_pids, outcome) in applied.items():
+        if iid is not None and applied_pids:
             self.records.record(iid, applied_pids, outcome, now)
         if answer is not None and answer_pid is None and \
-                backup_may_answer_batch(len(parts), applied_parts):
+                backup_may_answer_batch(len(pids), len(applied_pids)):
             # A batch: answered once every part of it was applied here, in sequence.
-            answered = self._answer_caller([part[0] for part in parts], ns, answer[1],
-                                           answer[2], None)
+            answered = self._answer_caller(pids, ns, answer[1], answer[2], None)
         return refused, answered
 
     def _unapplied(self, ns: str, pids: list[int]) -> None:
@@ -1174,12 +1210,12 @@ class MapService:
         self._backup_parts_seen += 1
         return self._backup_parts_seen % self.drop_backup_every != 0
 
-    def _apply_sync_op(self, header: dict[str, Any], parts: list[list[Any]],
+    def _apply_sync_op(self, header: dict[str, Any], parts: BackupParts,
                        items: list[bytes], rows: Any, me: str) -> list[int]:
         """A replica sync's parts: become a copy of the owner's partition; return the
         partitions refused."""
         refused, at = [], 0
-        for pid, _, count, *_ in parts:
+        for pid, count in zip(parts.pids, parts.counts, strict=True):
             chunk = items[at:at + count]
             at += count
             row = rows[pid]
@@ -1193,13 +1229,13 @@ class MapService:
         return refused
 
     def _answer_caller(self, pids: list[int], ns: str, client_id: str, rid: Any,
-                       old: bytes | None) -> bool:
+                       old: bytes | None, in_step: bool = False) -> bool:
         """Answer a chained write we applied to partitions ``pids`` as its owner would have;
-        False if we cannot (then the owner answers): a replica is not in step, or the caller
-        is not known."""
+        False if we cannot (then the owner answers): a replica is not in step (``in_step``:
+        each was applied in sequence, known already), or the caller is not known."""
         is_dirty = self.versions.is_dirty
-        if any(is_dirty(pid, ns) for pid in pids):  # else each was applied in sequence: our
-            return False  # previous value is the owner's
+        if not in_step and any(is_dirty(pid, ns) for pid in pids):  # else each was applied
+            return False  # in sequence: our previous value is the owner's
         ident = self.clients.ident(client_id)
         if ident is None:
             return False

@@ -13,7 +13,7 @@ Pure state: times are passed in.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Container, Iterable
 from typing import Any
 
@@ -31,7 +31,8 @@ class InvocationRecords:
         self.max_records = max_records
         self._records: dict[str, tuple[set[int], Any]] = {}
         self._order: deque[tuple[float, str]] = deque()  # (recorded at, invocation id)
-        self._by_pid: dict[int, set[str]] = {}  # what a migration of the partition carries
+        # What a migration of the partition carries (a set made where one is missing).
+        self._by_pid: defaultdict[int, set[str]] = defaultdict(set)
 
     def get(self, pid: int, iid: str) -> Any:
         """The outcome of ``iid`` if it was applied to partition ``pid``, else NOT_RECORDED."""
@@ -58,12 +59,8 @@ class InvocationRecords:
         else:
             record[0].update(pids)
         by_pid = self._by_pid
-        for pid in pids:  # (a batch's 80 partitions: no set made for nothing)
-            iids = by_pid.get(pid)
-            if iids is None:
-                by_pid[pid] = {iid}
-            else:
-                iids.add(iid)
+        for pid in pids:  # (a batch's 80 partitions)
+            by_pid[pid].add(iid)
 
     def of_partition(self, pid: int) -> list[tuple[str, Any]]:
         """(invocation id, outcome) of what was applied to ``pid``: a migration or a sync

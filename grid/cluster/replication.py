@@ -30,6 +30,7 @@ class OutgoingOp:
     seq: int
     fields: dict[str, Any]
     frames: list[bytes]
+    pids: list[int] = field(default_factory=list)  # the partitions it writes
 
 
 @dataclass
@@ -47,11 +48,13 @@ class BackupStreams:
         self._streams: dict[str, _Stream] = {}
 
     def add(self, member: str, fields: dict[str, Any], frames: list[bytes],
-            now: float) -> OutgoingOp:
-        """A new operation for ``member``: numbered, kept until acknowledged. The caller
-        sends it now; if nothing else was waiting, its retransmission clock starts now."""
+            now: float, pids: list[int] | None = None) -> OutgoingOp:
+        """A new operation for ``member`` (writing partitions ``pids``): numbered, kept until
+        acknowledged. The caller sends it now; if nothing else was waiting, its
+        retransmission clock starts now."""
         stream = self._streams.setdefault(member, _Stream())
-        op = OutgoingOp(stream.next_seq, {**fields, "seq": stream.next_seq}, frames)
+        op = OutgoingOp(stream.next_seq, {**fields, "seq": stream.next_seq}, frames,
+                        [] if pids is None else pids)
         stream.next_seq += 1
         if not stream.unacked:
             stream.retry_at = now + RETRANSMIT_S_MIN

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from typing import Any
 
 Slot = tuple[int, str]  # (partition id, namespace)
@@ -76,12 +77,16 @@ class ReplyOrder:
         return any(slot[0] == pid for slot in self._queues)
 
     def enqueue(self, ticket: Ticket) -> None:
-        if not ticket.slots:
+        slots, queues = ticket.slots, self._queues
+        if not slots:
             self._free.append(ticket)
-        for slot in ticket.slots:
-            queue = self._queues.get(slot)
+        elif queues.keys().isdisjoint(slots):  # (mostly: nothing waits in any of them)
+            queues.update(zip(slots, map(deque, repeat((ticket,))), strict=False))
+            return
+        for slot in slots:
+            queue = queues.get(slot)
             if queue is None:
-                queue = self._queues[slot] = deque()
+                queue = queues[slot] = deque()
             queue.append(ticket)
 
     def release(self, slots: Iterable[Slot]) -> list[Ticket]:
@@ -92,6 +97,17 @@ class ReplyOrder:
         work = list(slots)
         queues = self._queues
         idle: list[Slot] = []
+        if work and len(queues.get(work[-1], ())) == 1:
+            # The first slot looked at holds one ticket; if that ticket is ready and alone in
+            # every one of its slots (a batch write nothing waits behind or before), they
+            # all go at once.
+            ticket = queues[work[-1]][0]
+            if ticket.ready and max(map(len, map(queues.__getitem__, ticket.slots))) == 1:
+                deque(map(queues.__delitem__, ticket.slots), 0)
+                idle.extend(ticket.slots)
+                out.append(ticket)
+                if slots is ticket.slots:
+                    work = []
         while work:
             queue = queues.get(work.pop())
             while queue:

@@ -25,7 +25,7 @@ import itertools
 import random
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from grid import protocol as p
@@ -53,7 +53,7 @@ TICK_S = 0.1
 # them, so a new way to change a partition cannot go unnoticed by the check.
 STORE_REPLACES = frozenset({"clear", "move_fragment", "replace_leaves", "receive",
                             "drop_partition"})  # (noted as the whole partition)
-STORE_REWRITES = STORE_REPLACES | {"put", "remove", "put_groups", "put_many"}
+STORE_REWRITES = STORE_REPLACES | {"put", "remove", "put_groups", "put_runs", "put_many"}
 STORE_UNWATCHED = frozenset({
     "arriving_partitions", "close", "concatenated", "concatenated_from", "contains",
     "found_in", "get", "get_many", "items", "leaf_entries", "live_bytes", "namespaces",
@@ -586,6 +586,15 @@ class SimNode(Node):
         watch(store, "put", lambda pid, _ns, key, _value: [(pid, (key,))])
         watch(store, "remove", lambda pid, _ns, key: [(pid, (key,))])
         watch(store, "put_groups", lambda _ns, groups: [(pid, items[::2]) for pid, items in groups])
+
+        def runs(_ns: str, pids: list[int], counts: list[int], items: list[bytes]
+                 ) -> Iterator[tuple[int, list[bytes]]]:
+            at = 0
+            for pid, count in zip(pids, counts, strict=True):
+                yield pid, items[2 * at:2 * (at + count):2]
+                at += count
+
+        watch(store, "put_runs", runs)
         put_many = store.put_many
 
         def put_many_watched(pid: int, namespace: str, pairs: Iterable[tuple[bytes, bytes]]

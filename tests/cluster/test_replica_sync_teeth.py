@@ -7,7 +7,7 @@ import pytest
 
 from grid.cluster import replica_sync
 from grid.cluster.invocations import InvocationRecords
-from grid.partition.replica_versions import BackupDecision
+from grid.partition.replica_versions import BackupDecision, ReplicaVersions
 from grid.serialization import serialize_value
 from tests.cluster.test_replica_sync_sim import CASES, check_case
 from tests.cluster.test_simulation_teeth import first_failure
@@ -94,4 +94,18 @@ def test_a_sync_whose_records_leave_out_the_writes_under_way_is_caught(monkeypat
     and still waits on its backups for is in the snapshot without its record."""
     monkeypatch.setattr(MapService, "records_of",
                         lambda self, pid: self.records.of_partition(pid))
+    assert caught(["loss"], range(3))
+
+
+def test_a_backup_that_takes_a_batch_with_a_gap_for_one_in_sequence_is_caught(monkeypatch):
+    """The backups' fast path (``ReplicaVersions.apply_in_sequence``) taking every batch
+    whole, whatever versions it carries: an asynchronous backup that lost an operation
+    neither sees its gap nor asks for a sync, and keeps lacking the write."""
+
+    def whatever_the_versions(self, namespace, pids, replica_indexes, versions):
+        for i, (pid, index) in enumerate(zip(pids, replica_indexes, strict=True)):
+            self._install(self._entry(pid, namespace), tuple(versions[6 * i:6 * i + 6]), index)
+        return True
+
+    monkeypatch.setattr(ReplicaVersions, "apply_in_sequence", whatever_the_versions)
     assert caught(["loss"], range(3))

@@ -426,3 +426,30 @@ def test_all_enqueued_then_readied_in_any_order_release_each_slot_in_fifo_order(
     for slot in SLOTS:
         mine = [i for i in released_order if slot in made[i].slots]
         assert mine == sorted(mine), f"slot {slot} released out of entry order"
+
+
+def test_a_ticket_alone_in_one_of_its_slots_still_waits_behind_another_in_the_next():
+    """Released whole at once only when it is alone in every one of its slots: first in the
+    slot looked at first is not enough."""
+    order = ReplyOrder()
+    first = unready(B, name="first")
+    batch = ready(A, B, name="batch")  # alone in A, behind ``first`` in B
+    order.enqueue(first)
+    order.enqueue(batch)
+    assert order.release(batch.slots) == []
+    assert order.release((A,)) == []
+    make_ready(first)
+    assert order.release(first.slots) == [first, batch]
+    assert len(order) == 0 and not order.busy([A, B])
+
+
+def test_a_batch_alone_in_its_slots_leaves_them_all_idle_and_the_ones_behind_follow():
+    idle: list = []
+    order = ReplyOrder(on_idle=idle.extend)
+    batch = unready(A, B, C, name="batch")
+    order.enqueue(batch)
+    behind = ready(B, name="behind")
+    order.enqueue(behind)
+    make_ready(batch)
+    assert order.release(batch.slots) == [batch, behind]
+    assert sorted(idle) == sorted([A, B, C]) and len(order) == 0

@@ -99,7 +99,7 @@ def test_a_backup_that_judges_by_an_old_table_is_caught(monkeypatch, make_cluste
 
 
 def test_a_backup_that_answers_for_its_owner_out_of_step_is_caught(monkeypatch, make_cluster):
-    def answer_anyway(self, pid, ns, client_id, rid, old):  # without the in-step check
+    def answer_anyway(self, pid, ns, client_id, rid, old, in_step=False):  # no in-step check
         ident = self.clients.ident(client_id)
         if ident is None:
             return False

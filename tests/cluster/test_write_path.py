@@ -19,6 +19,7 @@ from grid.serialization import partition_id_of, serialize_key, serialize_value
 from tests.cluster.sim import SimNetwork, SimNode, check_converged, replicas_differing
 from tests.cluster.test_simulation import TIMEOUT_S
 from tests.workers.test_record_block import frame_of
+from workers.backup_parts import pack_parts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -360,59 +361,66 @@ def test_a_replica_sync_that_takes_a_write_away_takes_its_invocation_record_too(
     assert net.violations == [], net.violations
 
 
-# Malformed variants of a good backup part [pid, versions, count, table version, invocation
-# id, want old value, target versions].
-BAD_PARTS = [
-    lambda good: "not a list",
-    lambda good: good[:6],
-    lambda good: [True, *good[1:]],
-    lambda good: [-1, *good[1:]],
-    lambda good: [31, *good[1:]],  # the simulated clusters have 31 partitions
-    lambda good: [str(good[0]), *good[1:]],
-    lambda good: [good[0], good[1][:5], *good[2:]],
-    lambda good: [good[0], "versions", *good[2:]],
-    lambda good: [*good[:6], [*good[1], 0]],
-    lambda good: [*good[:6], "target versions"],
-    lambda good: [*good[:6], [*good[1][:5], -1]],
-    lambda good: [*good[:2], -1, *good[3:]],
-    lambda good: [*good[:2], True, *good[3:]],
-    lambda good: [*good[:2], "2", *good[3:]],
-    lambda good: [*good[:3], "1", *good[4:]],
-    lambda good: [*good[:4], 5, *good[5:]],
-    lambda good: [good[0], [True, *good[1][1:]], *good[2:]],
-    lambda good: [good[0], [-1, *good[1][1:]], *good[2:]],
+# Malformed variants of a good backup operation of two parts (the owner's partition ``pid``,
+# then ``other``, two entries each), as the header fields that replace the good ones: the
+# parts' packed columns (workers/backup_parts.py) and the fields every part shares.
+BAD_BACKUPS = [
+    lambda pid, other, v, tv: {"pp": "not bytes"},
+    lambda pid, other, v, tv: {"pp": [pid, other]},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 4], [tv, tv], [v, v])[:-1]},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 4], [tv, tv], [v, v])[:-8]},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 4], [tv, tv], [v, v])
+                               + bytes(8)},
+    lambda pid, other, v, tv: {"pp": b""},
+    lambda pid, other, v, tv: {"pp": None},
+    # the simulated clusters have 31 partitions
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, 31], [4, 4], [tv, tv], [v, v])},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, pid], [4, 4], [tv, tv], [v, v])},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 6], [tv, tv], [v, v])},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 2], [tv, tv], [v, v])},
+    lambda pid, other, v, tv: {"pp": pack_parts([pid, other], [4, 4], [tv, tv], [v, v]),
+                               "laid_out": True},  # (the payload is items, not records)
+    lambda pid, other, v, tv: {"kind": "replace_contents"},  # (no target versions)
+    lambda pid, other, v, tv: {"kind": "zap"},
+    lambda pid, other, v, tv: {"iid": 7},
+    lambda pid, other, v, tv: {"old": 1},
+    lambda pid, other, v, tv: {"answer": "the client"},
+    lambda pid, other, v, tv: {"answer": [pid, 5, 1]},
 ]
 
 
-@pytest.mark.parametrize("bad", BAD_PARTS, ids=range(len(BAD_PARTS)))
-def test_a_backup_with_a_malformed_part_is_refused_whole(make_cluster, bad):
-    """Every part of a backup operation is checked before any is applied (the checks are
-    made inline, for speed: each must still refuse, and the good part before it must not
-    have been applied)."""
+@pytest.mark.parametrize("bad", BAD_BACKUPS, ids=range(len(BAD_BACKUPS)))
+def test_a_malformed_backup_is_refused_whole(make_cluster, bad):
+    """Every part of a backup operation is checked before any is applied: each malformed
+    variant is refused, and its first part, a good one, was not applied."""
     net = make_cluster(seed=7, nodes=2)
     owner, backup = net.alive()
     table = backup.cluster.table
-    pid = next(pid for pid in range(table.partition_count)
-               if table.owner(pid) == owner.info.uuid)
+    pid, other = [pid for pid in range(table.partition_count)
+                  if table.owner(pid) == owner.info.uuid][:2]
     versions = list(backup.maps.versions.get(pid, "m"))
     versions[0] += 1
-    good = [pid, versions, 4, table.version(pid), None, False, None]  # 4 items
+    assert list(backup.maps.versions.get(other, "m")) == [0] * 6
+    tv = table.version(pid)
     probe = Probe(net)
-    frames = [p.pack_items([b"k", b"v", b"k2", b"v2"])]
     fields = {"ns": "m", "kind": "put", "from": owner.info.uuid, "seq": None,
               p.SECRET_FIELD: net.config.cluster_secret}
-    both = [p.pack_items([b"k", b"v", b"k2", b"v2"] * 2)]  # the items of both parts
-    bad_rid = probe.send(backup, p.BACKUP, both, parts=[good, bad(good)], **fields)
+    both = [p.pack_items([b"k", b"v", b"k2", b"v2", b"k3", b"v3", b"k4", b"v4"])]
+    good_both = pack_parts([pid, other], [4, 4], [tv, table.version(other)],
+                           [versions, [1, 0, 0, 0, 0, 0]])
+    bad_rid = probe.send(backup, p.BACKUP, both,
+                         **{**fields, "pp": good_both, **bad(pid, other, versions, tv)})
     net.run_until(net.time + 0.5)
     header, _ = probe.answer(bad_rid)
     assert header["ok"] is False and header["code"] == p.PROTOCOL, header
     assert backup.store.get(pid, "m", b"k") is None
     assert list(backup.maps.versions.get(pid, "m")) == [versions[0] - 1, *versions[1:]]
-    good_rid = probe.send(backup, p.BACKUP, frames, parts=[good], **fields)
+    good_rid = probe.send(backup, p.BACKUP, both, **{**fields, "pp": good_both})
     net.run_until(net.time + 0.5)
     header, _ = probe.answer(good_rid)
     assert header["ok"] is True and not header.get("refused"), header
     assert backup.store.get(pid, "m", b"k") == b"v"
+    assert backup.store.get(other, "m", b"k4") == b"v4"
 
 
 @pytest.mark.parametrize("op", [p.PUT, p.PUT_ALL])
@@ -448,7 +456,7 @@ def test_a_backup_that_fails_to_apply_a_write_is_synced_not_left_without_it(make
                          iid="w1")
         written = {keys[0]: (pid, serialize_value(1))}
     else:
-        backup.store.put_groups = failing(backup.store.put_groups)
+        backup.store.put_runs = failing(backup.store.put_runs)  # (a batch's write)
         pids = [pid, partition_id_of(keys[1], table.partition_count)]
         assert pids[0] != pids[1]
         rid = probe.send(owner, p.PUT_ALL, [p.pack_items([keys[0], serialize_value(1),

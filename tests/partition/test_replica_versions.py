@@ -268,3 +268,31 @@ def test_a_batch_with_one_malformed_replica_index_changes_nothing(bad):
         rv.apply_backups(MAP, range(40), [1] * 23 + [bad] + [2] * 16, [(1,) * 6] * 40)
     assert [rv.get(pid, MAP) for pid in range(40)] == [(0,) * 6] * 40
     assert rv.apply_backups(MAP, [], [], []) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6),
+                          st.lists(st.integers(0, 4), min_size=6, max_size=6)),
+                min_size=1, max_size=8),
+       st.lists(st.integers(0, 4), max_size=2), st.booleans())
+def test_a_batch_in_sequence_is_taken_whole_as_apply_backups_takes_it(parts, dirty, known):
+    """``apply_in_sequence`` installs a batch exactly when ``apply_backups`` would decide
+    APPLY for every part, with the versions it would install; otherwise it changes nothing.
+    The vectors come end to end, as a backup operation's packed parts carry them."""
+    parts = list({pid: (pid, index, vector) for pid, index, vector in parts}.values())
+    fast, slow = ReplicaVersions(), ReplicaVersions()
+    for rv in (fast, slow):
+        if known:  # partitions seen before (never seen, each is a first write to them)
+            rv.increment_many(range(5), MAP, 3)
+        for pid in dirty:
+            rv.mark_dirty(pid, MAP)
+    before = {pid: fast.get(pid, MAP) for pid in range(5)}
+    pids, indexes, vectors = (list(column) for column in zip(*parts, strict=True))
+    decisions = slow.apply_backups(MAP, pids, indexes, vectors)
+    taken = fast.apply_in_sequence(MAP, pids, indexes, [v for vector in vectors for v in vector])
+    assert taken == all(decision is BackupDecision.APPLY for decision in decisions)
+    if taken:
+        assert all(fast.get(pid, MAP) == slow.get(pid, MAP) for pid in range(5))
+    else:
+        assert all(fast.get(pid, MAP) == before[pid] for pid in range(5))
+    assert all(fast.is_dirty(pid, MAP) == (pid in dirty) for pid in range(5))

@@ -19,6 +19,7 @@ from hypothesis.stateful import (
 )
 
 from tests.workers.conftest import replace_key_hash, unique_prefix
+from workers.local_reads import LocalReadDirectory
 from workers.record_store import (
     RecordStore,
     RecordStoreClosedError,
@@ -247,6 +248,99 @@ def test_a_batch_of_new_keys_is_one_block_laid_out_as_single_puts_lay_it(make_st
     assert block.size(1, NS) == 1 + 40 + 10
     block._check()
     single._check()
+
+
+def _runs(runs: list[tuple[int, list[tuple[bytes, bytes]]]]) -> tuple[list, list, list]:
+    """put_runs' arguments for runs of pairs by partition."""
+    return ([pid for pid, _ in runs], [len(pairs) for _, pairs in runs],
+            [item for _, pairs in runs for pair in pairs for item in pair])
+
+
+def test_put_runs_writes_what_a_put_per_pair_writes(make_store, key_hash_replaced) -> None:
+    """New keys (appended in the loop, or once the arena is full by the pair-by-pair path),
+    same-size overwrites (in place), other sizes, a key twice, a partition twice, an empty
+    run, and, under a hash of few values, a new key whose hash and value size are those of a
+    key present (its record must not be taken for the new key's)."""
+    key_hash_replaced(lambda key: len(key) % 3)
+    runs_store = make_store(initial_segment_bytes=128)
+    single = make_store(initial_segment_bytes=128)
+    batches = [
+        [(1, [(b"a", b"1111"), (b"bb", b"22")]), (2, [(b"c", b"333")])],
+        [(1, [(b"a", b"4444"), (b"d", b"5555")]),  # in place; a new key hashing as b"a"
+         (2, []), (3, [(b"eee", b"6")]), (1, [(b"bb", b"a value of another size")])],
+        [(2, [(b"c", b"777"), (b"c", b"888"), (b"ff", b"9" * 60)]),  # the arena fills up
+         (3, [(b"eee", b"x"), (b"g", b"y" * 50)])],
+    ]
+    for runs in batches:
+        runs_store.put_runs(NS, *_runs(runs))
+        for pid, pairs in runs:
+            for key, value in pairs:
+                single.put(pid, NS, key, value)
+        for pid in (1, 2, 3):
+            assert dict(runs_store.items(pid, NS)) == dict(single.items(pid, NS)), pid
+        runs_store._check()
+    assert runs_store.get(1, NS, b"a") == b"4444" and runs_store.get(1, NS, b"d") == b"5555"
+
+
+def test_put_runs_keeps_a_published_fragment_readable(make_store, shm_prefix: str) -> None:
+    """Writes into a fragment local readers read are made inside its seqlock and keep its
+    shared index exactly the dict index."""
+    store = make_store()
+    store.local = LocalReadDirectory(store.segment_prefix, "me", 8)
+    store.put(1, NS, b"k", b"v1")
+    assert store.publish(NS)
+    fragment = store._partitions[1][NS]
+    slots = store.local.slots_of(NS)
+    seq = slots.seqs[1]
+    store.put_runs(NS, *_runs([(1, [(b"k", b"v2"), (b"new", b"n")])]))
+    assert slots.seqs[1] == seq + 2  # one change, begun and ended
+    assert store.get(1, NS, b"k") == b"v2" and store.get(1, NS, b"new") == b"n"
+    fragment.check_shared()
+    store._check()
+
+
+def test_put_runs_never_writes_in_place_under_a_snapshot(make_store) -> None:
+    store = make_store()
+    store.put_runs(NS, *_runs([(1, [(b"k", b"old"), (b"j", b"one")])]))
+    snapshot = store.items(1, NS)
+    store.put_runs(NS, *_runs([(1, [(b"k", b"new")])]))  # same size: would be in place
+    assert dict(snapshot) == {b"k": b"old", b"j": b"one"}
+    assert store.get(1, NS, b"k") == b"new"
+    store._check()
+
+
+def test_put_runs_tells_the_journal_every_pair_in_order(make_store) -> None:
+    class Journal:
+        def __init__(self) -> None:
+            self.pairs: list[tuple[int, bytes, bytes]] = []
+
+        def put(self, pid: int, namespace: str, key: bytes, value: bytes) -> None:
+            self.pairs.append((pid, key, value))
+
+        def put_many(self, pid: int, namespace: str, pairs) -> None:
+            self.pairs += [(pid, key, value) for key, value in pairs]
+
+    store = make_store(initial_segment_bytes=64)
+    store.journal = Journal()
+    runs = [(1, [(b"a", b"1"), (b"b", b"2" * 40), (b"c", b"3")]), (2, [(b"d", b"4")]),
+            (1, [(b"a", b"5"), (b"b", b"6")])]
+    store.put_runs(NS, *_runs(runs))
+    assert store.journal.pairs == [(pid, k, v) for pid, pairs in runs for k, v in pairs]
+
+
+def test_put_runs_refuses_a_batch_with_a_record_too_large_or_counts_that_do_not_fit(
+        make_store) -> None:
+    limit = 100
+    store = make_store(max_record_bytes=limit)
+    store.put(1, NS, b"k", b"v")
+    with pytest.raises(ValueTooLargeError):
+        store.put_runs(NS, *_runs([(1, [(b"k", b"w")]), (2, [(b"big", b"x" * limit)])]))
+    with pytest.raises(ValueError):
+        store.put_runs(NS, [1, 2], [1, 1], [b"k", b"w"])
+    with pytest.raises(ValueError):
+        store.put_runs(NS, [1], [1, 0], [b"k", b"w"])
+    assert store.get(1, NS, b"k") == b"v" and store.partitions() == [1]
+    store._check()
 
 
 # -- growth and compaction --------------------------------------------------------------------
@@ -584,6 +678,34 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.put_groups(namespace, [(pid, [item for pair in pairs for item in pair])
                                           for pid, pairs in groups.items()])
         for pid, pairs in groups.items():
+            if pairs:
+                self.fragment(pid, namespace).update(pairs)
+
+    @rule(namespace=namespaces, data=st.data())
+    def put_runs(self, namespace: str, data: st.DataObject) -> None:
+        """Runs of pairs by partition, as a batch message lays them out: new keys, keys
+        present with values of their old size (written in place) or of another, a key
+        twice, a partition twice, an empty run."""
+        runs = []
+        for pid in data.draw(st.lists(pids, max_size=4)):
+            fragment = self.model.get((pid, namespace), {})
+            pairs = []
+            for _ in range(data.draw(st.integers(0, 4))):
+                if fragment and data.draw(st.booleans()):
+                    key = data.draw(st.sampled_from(sorted(fragment)))
+                    size = len(fragment[key]) if data.draw(st.booleans()) else \
+                        data.draw(st.integers(0, 60))
+                    pairs.append((key, data.draw(st.binary(min_size=size, max_size=size))))
+                else:  # a new key, maybe with a value of a present one's size
+                    size = data.draw(st.sampled_from(sorted({len(v) for v in fragment.values()})
+                                                     or [0])) if data.draw(st.booleans()) \
+                        else data.draw(st.integers(0, 60))
+                    pairs.append((data.draw(keys_small),
+                                  data.draw(st.binary(min_size=size, max_size=size))))
+            runs.append((pid, pairs))
+        self.store.put_runs(namespace, [pid for pid, _ in runs], [len(pairs) for _, pairs in runs],
+                            [item for _, pairs in runs for pair in pairs for item in pair])
+        for pid, pairs in runs:
             if pairs:
                 self.fragment(pid, namespace).update(pairs)
 

@@ -37,7 +37,7 @@ class ScriptedInvoker(Invoker):
         self.table = table
         self.endpoints = {"member-a": "a", "member-b": "b"}
 
-    def exchange(self, requests, timeout):
+    def exchange(self, requests, timeout, replicas=1):
         self.sent.append([(endpoint, fields, frames) for endpoint, _, fields, frames
                           in requests])
         return self.attempts.pop(0)[:len(requests)]

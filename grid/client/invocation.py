@@ -159,9 +159,11 @@ class Invoker:
                 self._open_link(endpoint, address)
 
     def exchange(self, requests: list[tuple[str, str, dict[str, Any], list[bytes]]],
-                 timeout: float) -> list[Reply | None]:
+                 timeout: float, replicas: int = 1) -> list[Reply | None]:
         """Send every (endpoint, op, fields, frames) request, then gather replies until all
-        have come or ``timeout`` passed; a missing reply is None."""
+        have come or ``timeout`` passed; a missing reply is None. ``replicas``: the members
+        that work on each request at once (a write's owner and its backups, which apply it
+        while the owner still works on it), for the spin's count of busy members."""
         with self.lock:
             if self.closed:
                 raise GridError("the client is closed")
@@ -177,20 +179,22 @@ class Invoker:
                     wanted[rid] = endpoint
                     dealers = dealers or endpoint not in self.link_addresses
             return self._gather(rids, wanted, requests[0][1] if requests else "", timeout,
-                                dealers)
+                                dealers, replicas)
 
     def _gather(self, rids: list[int], wanted: dict[int, str], kind: str, timeout: float,
-                dealers: bool) -> list[Reply | None]:
+                dealers: bool, replicas: int = 1) -> list[Reply | None]:
         """The replies to the requests ``rids`` (None for each that did not come in
         ``timeout``), of which ``wanted`` (request id -> endpoint) were sent, some on
-        DEALER sockets if ``dealers``. Caller holds the lock."""
+        DEALER sockets if ``dealers``, each worked on by ``replicas`` members at once.
+        Caller holds the lock."""
         results: dict[int, Reply] = {}
         if not wanted:
             return [None] * len(rids)
         deadline = time.monotonic() + timeout
         sent = time.perf_counter()
         spin_until = sent + self.busy_poll.budget(kind)  # (grid/busy_poll.py)
-        cores = self.spin_cores
+        # Spin only while the members still working for us leave this process a core.
+        cores = self.spin_cores / replicas
         polled = self._polled(wanted, dealers)
         while len(results) < len(wanted):
             remaining = deadline - time.monotonic()
@@ -387,8 +391,13 @@ class Invoker:
         endpoint = self.owner_endpoint(pid) if self.table is not None else None
         first = None
         if endpoint is not None:
+            # A write's backups apply it while its owner still works on it.
+            replicas = 1
+            if op in p.WRITE_OPS:
+                row = self.table.replicas(pid)  # type: ignore[union-attr]
+                replicas = len(row) - row.count(None)
             first = self.exchange([(endpoint, op, fields, frames)],
-                                  min(self.attempt_timeout, self.invocation_timeout))
+                                  min(self.attempt_timeout, self.invocation_timeout), replicas)
             reply = first[0]
             if reply is not None and reply[0].get("ok") and not reply[0].get("rows") \
                     and not reply[0].get("wrong"):
@@ -484,7 +493,11 @@ class Invoker:
                     fields, frames = build(group)
                     requests.append((endpoint, op, fields, frames))
                     groups.append(group)
-                replies = self.exchange(requests, timeout) if requests else []
+                replicas = 1
+                if write and requests:  # (a write's backups apply it as its owner works on)
+                    row = self.table.replicas(groups[0][0])  # type: ignore[union-attr]
+                    replicas = len(row) - row.count(None)
+                replies = self.exchange(requests, timeout, replicas) if requests else []
             for group, reply in zip(groups, replies, strict=True):
                 if reply is None:
                     retry.extend(group)

@@ -99,8 +99,8 @@ def test_scans_come_in_bounded_chunks(client, request):
     replies: list[int] = []
     exchange = invoker.exchange
 
-    def counting(requests, timeout):
-        answered = exchange(requests, timeout)
+    def counting(requests, timeout, replicas=1):
+        answered = exchange(requests, timeout, replicas)
         if requests[0][1] == p.ENTRIES:
             replies.extend(sum(map(len, reply[1])) for reply in answered if reply)
         return answered
@@ -135,8 +135,8 @@ def test_a_partition_that_fits_a_chunk_comes_whole(client, request):
     chunks: dict[int, list[tuple[int, object]]] = {}
     exchange = invoker.exchange
 
-    def recording(requests, timeout):
-        answered = exchange(requests, timeout)
+    def recording(requests, timeout, replicas=1):
+        answered = exchange(requests, timeout, replicas)
         for reply in answered:
             if reply and requests[0][1] == p.ENTRIES:
                 header = reply[0]

@@ -34,6 +34,7 @@ from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError, address_of, lis
 from workers.journal import Journal
 from workers.local_reads import LocalReadDirectory
 from workers.node import Node
+from workers.poller import make_poller
 
 log = logging.getLogger("shmgrid.member")
 
@@ -68,7 +69,7 @@ class Member(Node):
         self.router.setsockopt(zmq.SNDHWM, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)
         port = self.router.bind_to_random_port(f"tcp://{config.host}")
-        self.poller = zmq.Poller()
+        self.poller = make_poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}  # member uuid or endpoint -> DEALER
         self.max_message_bytes = config.max_message_bytes
@@ -171,6 +172,8 @@ class Member(Node):
         except zmq.Again:
             log.warning("send to %s would block; dropped %s", key, frames[0][:40])
             return False
+        finally:
+            self.poller.used(sock)
 
     def notify_supervisor(self, op: str, **fields: Any) -> None:
         if self.supervisor is not None:
@@ -181,6 +184,7 @@ class Member(Node):
                 self.supervisor.send_multipart([header], zmq.NOBLOCK)
             except zmq.Again:
                 log.warning("supervisor does not take messages; %s dropped", op)
+            self.poller.used(self.supervisor)
 
     def wake(self) -> None:
         """From another thread: make the loop look at durable writes now."""
@@ -196,6 +200,7 @@ class Member(Node):
             self.router.send_multipart([ident, *frames], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("reply dropped: client does not take messages")
+        self.poller.used(self.router)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -274,6 +279,7 @@ class Member(Node):
             except zmq.Again:
                 return
             handle(frames)
+        self.poller.used(sock)  # more may wait: the next round looks
 
     # -- links ---------------------------------------------------------------------------
 
@@ -393,6 +399,7 @@ class Member(Node):
         for fd in list(self.links):
             self._drop_link(fd)
         self.link_listener.close()
+        self.poller.close()
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
         for fd in (self._wake_r, self._wake_w):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -37,6 +38,30 @@ def test_a_client_learns_which_requests_to_spin_for(grid_cluster, request):
         assert polls.budget(p.GET_ALL) == 0.0
 
 
+def spin_turns(client: grid.Client, monkeypatch: pytest.MonkeyPatch, calls: Any,
+               noted: Any) -> dict[int, set[Any]]:
+    """For a client that may run on 2 and on 4 cores, and whose every wait earns spinning:
+    ``noted(f_locals of its wait)`` at each turn of its spins (a yield) while ``calls()``
+    runs, per core count."""
+    invoker = client._invoker
+    invoker.busy_poll = BusyPoll(1.0)  # a wait of any length earns spinning
+    turns: list[Any] = []
+    real_yield = os.sched_yield
+
+    def watched_yield() -> None:
+        turns.append(noted(sys._getframe(1).f_locals))  # the client's wait (Invoker._gather)
+        real_yield()
+
+    monkeypatch.setattr(os, "sched_yield", watched_yield)
+    seen = {}
+    for cores in (2, 4):
+        invoker.spin_cores = cores
+        turns.clear()
+        calls()
+        seen[cores] = set(turns)
+    return seen
+
+
 def test_a_client_spins_only_while_the_members_it_waits_for_leave_it_a_core(
         grid_cluster, request, monkeypatch):
     """A get_all sent to all three members: with two cores the client spins (yields, on each
@@ -45,24 +70,14 @@ def test_a_client_spins_only_while_the_members_it_waits_for_leave_it_a_core(
         m = client.get_map(request.node.name)
         keys = [f"k{i}" for i in range(100)]  # over 70 partitions: every member owns some
         m.put_all(dict.fromkeys(keys, b"v" * 100))
-        invoker = client._invoker
-        invoker.busy_poll = BusyPoll(1.0)  # a wait of any length earns spinning
-        working: list[int] = []  # members yet to answer, at each turn of a spin
-        real_yield = os.sched_yield
 
-        def watched_yield() -> None:
-            waiting = sys._getframe(1).f_locals  # the client's wait (Invoker._gather)
-            working.append(len(waiting["wanted"]) - len(waiting["results"]))
-            real_yield()
-
-        monkeypatch.setattr(os, "sched_yield", watched_yield)
-        seen = {}
-        for cores in (2, 4):
-            invoker.spin_cores = cores
-            working.clear()
+        def get_alls() -> None:
             for _ in range(30):
                 assert len(m.get_all(keys)) == 100
-            seen[cores] = set(working)
+
+        # (noted: the members yet to answer)
+        seen = spin_turns(client, monkeypatch, get_alls,
+                          lambda wait: len(wait["wanted"]) - len(wait["results"]))
         assert seen[2] <= {1}, seen
         assert 3 in seen[4], seen
 
@@ -76,24 +91,13 @@ def test_a_client_does_not_spin_for_a_write_whose_backups_need_the_cores_it_woul
     with grid_cluster.connect() as client:
         m = client.get_map(request.node.name)
         m.put("k", 1)
-        invoker = client._invoker
-        invoker.busy_poll = BusyPoll(1.0)  # a wait of any length earns spinning
-        spins: list[str] = []
-        real_yield = os.sched_yield
 
-        def watched_yield() -> None:
-            spins.append(sys._getframe(1).f_locals["kind"])  # the client's wait (_gather)
-            real_yield()
-
-        monkeypatch.setattr(os, "sched_yield", watched_yield)
-        seen = {}
-        for cores in (2, 4):
-            invoker.spin_cores = cores
-            spins.clear()
+        def puts_and_gets() -> None:
             for i in range(30):
                 m.put("k", i)
                 assert m.get("k") == i
-            seen[cores] = set(spins)
+
+        seen = spin_turns(client, monkeypatch, puts_and_gets, lambda wait: wait["kind"])
         assert seen[2] == {p.GET}, seen
         assert seen[4] == {p.GET, p.PUT}, seen
 

@@ -4,20 +4,24 @@
     python tools/bench_ops.py --redis              # and Redis Cluster, in the same run
     python tools/bench_ops.py --cluster-name dev   # a running shmgrid cluster instead
 
-shmgrid: 3 members, backup 1, through the public API. Redis Cluster (with --redis): 3 masters
-with one replica each, started here on loopback from `redis-server` (Debian's redis-server
-package), driven by redis-py (`pip install shmgrid[bench]`). 100-byte values; each workload
-runs for --seconds; entries/s and the p50 latency of a call are printed, and with --redis the
-ratio shmgrid / Redis. With --redis the two sides of each row take turns (--rounds of each,
-the side that goes first alternating), so that a ratio compares the same minutes of the
-machine: on a shared virtual machine a rate drifts by half from one minute to the next, and
-run one after the other, the two sides of a row were a minute apart. The last column gives
-the lowest and highest ratio of the row's turns.
+shmgrid: 3 members, backup 1, through the public API; and, for a put that does not wait for
+its copy (as a plain SET does not), a second cluster of 3 whose one backup is asynchronous
+(backup_count 0, async_backup_count 1), started here whatever --cluster-name says. Redis
+Cluster (with --redis): 3 masters with one replica each, started here on loopback from
+`redis-server` (Debian's redis-server package), driven by redis-py (`pip install
+shmgrid[bench]`). 100-byte values; each workload runs for --seconds; entries/s and the p50
+latency of a call are printed, and with --redis the ratio shmgrid / Redis. With --redis the
+two sides of each row take turns (--rounds of each, the side that goes first alternating), so
+that a ratio compares the same minutes of the machine: on a shared virtual machine a rate
+drifts by half from one minute to the next, and run one after the other, the two sides of a
+row were a minute apart. The last column gives the lowest and highest ratio of the row's
+turns.
 
-The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1) and the
-same against a plain SET (no replica wait); batches of 100 writes and reads (Redis: the
-non-atomic MSET/MGET over slots, and one hash tag: one slot, one call; shmgrid: keys spread
-over partitions, and the same keys with one hash tag a batch: one partition, one owner).
+The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1), the same
+against a plain SET (no replica wait), and a put with one asynchronous copy against SET;
+batches of 100 writes and reads (Redis: the non-atomic MSET/MGET over slots, and one hash tag:
+one slot, one call; shmgrid: keys spread over partitions, and the same keys with one hash tag
+a batch: one partition, one owner).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ ROWS = [("single get", "get", "GET"),
         ("single get, local reads", "get, local reads", "GET"),
         ("single put, one sync copy", "put", "SET + WAIT 1"),
         ("  against a plain SET", "put", "SET"),
+        ("  one async copy (not waited for, as SET)", "put, async copy", "SET"),
         ("  the map published for local reads", "put, published", "SET + WAIT 1"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
@@ -165,14 +170,30 @@ def grid_workloads(cluster_name: str, keys: list[str], value: bytes
 
 
 @contextmanager
-def grid_cluster(name: str | None):
+def async_copy_workloads(cluster_name: str, keys: list[str], value: bytes) -> Iterator[Workloads]:
+    """The put of a cluster whose backup is asynchronous, on a map filled with ``keys``."""
+    import grid
+
+    with grid.connect(cluster_name=cluster_name) as client:
+        m = client.get_map("bench_ops")
+        m.put_all({k: value for k in keys})
+        n = len(keys)
+        try:
+            yield {"put, async copy": (lambda i: m.put(keys[i % n], value), 1)}
+        finally:
+            m.clear()
+
+
+@contextmanager
+def grid_cluster(name: str | None, backups: tuple[str, ...] = ("--backup-count", "1")):
+    """The cluster called ``name``, or one started here (3 members, ``backups``) and stopped
+    after."""
     if name:
         yield name
         return
     name = f"bench{uuid.uuid4().hex[:8]}"
     subprocess.run([sys.executable, "-m", "grid", "start", "--detach", "--members", "3",
-                    "--backup-count", "1", "--cluster-name", name], check=True,
-                   capture_output=True)
+                    *backups, "--cluster-name", name], check=True, capture_output=True)
     try:
         yield name
     finally:
@@ -294,6 +315,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1 or args.seconds <= 0:
         parser.error("--rounds is at least 1 and --seconds more than 0")
+    if args.redis:
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            parser.error("--redis needs redis-py: pip install 'shmgrid[bench]'")
     from rich.console import Console
     from rich.table import Table
 
@@ -302,6 +328,9 @@ def main() -> int:
     with ExitStack() as stack:
         name = stack.enter_context(grid_cluster(args.cluster_name))
         ours, publish = stack.enter_context(grid_workloads(name, keys, value))
+        async_name = stack.enter_context(grid_cluster(
+            None, ("--backup-count", "0", "--async-backup-count", "1")))
+        ours.update(stack.enter_context(async_copy_workloads(async_name, keys, value)))
         theirs = stack.enter_context(redis_workloads(
             stack.enter_context(redis_cluster(args.redis_port)), keys, value)) \
             if args.redis else {}

@@ -492,9 +492,9 @@ class MapService:
         # the partitions before it written here and on no backup.
         limit = self.config.max_value_bytes
         if len(frames[0]) > limit:  # else no entry of the payload can be larger
-            for items in groups.values():
-                size = items.largest() if items.__class__ is RecordBlock else max(
-                    (len(items[i]) + len(items[i + 1]) for i in range(0, len(items), 2)),
+            for group in groups.values():
+                size = group.largest() if group.__class__ is RecordBlock else max(
+                    (len(group[i]) + len(group[i + 1]) for i in range(0, len(group), 2)),
                     default=0)
                 if size > limit:
                     self.member.reply_error(ident, header, p.TOO_LARGE,
@@ -504,13 +504,12 @@ class MapService:
         owned, wrong = self._split(list(groups), write=True)
         owned = [pid for pid in owned if groups[pid]]
         ticket, fresh, iid = self._partition_write(ident, header, ns, owned, wrong)
-        if len(fresh) != len(groups):  # (else they are the same partitions)
-            groups = {pid: groups[pid] for pid in fresh}
+        if len(fresh) == len(groups) and items.__class__ is not RecordBlock:
+            self.store.put_runs(ns, header["pids"], header["counts"], items)  # as it came
+        else:
+            if len(fresh) != len(groups):  # (else they are the same partitions)
+                groups = {pid: groups[pid] for pid in fresh}
             self.store.put_groups(ns, list(groups.items()))
-        elif items.__class__ is RecordBlock:
-            self.store.put_groups(ns, list(groups.items()))
-        else:  # all of the batch: as it came
-            self.store.put_runs(ns, header["pids"], header["counts"], items)
         # Its backup may answer a first attempt (a resend's ticket waits on earlier ones).
         client_id = header.get("cid")
         chain = [None, client_id, header.get("id")] \

@@ -618,3 +618,40 @@ def test_records_a_dirty_backup_takes_one_at_a_time_are_applied_as_items(make_cl
     assert check_converged(net) == []
     # (a backup operation it failed to apply would be repaired by the sync: not enough)
     assert "malformed" not in caplog.text and "failed to serve" not in caplog.text
+
+
+def test_a_batch_larger_than_an_entry_may_be_is_written_whole(make_cluster):
+    """A put_all whose payload is over ``max_value_bytes`` (each entry under it) is looked at
+    entry by entry, and then written as it came: every entry of every partition, on the owner
+    and its backup. (The look went through the batch's groups with the payload's own name, and
+    the store was then handed the last group for the whole batch.)"""
+    net = make_cluster(seed=24, backup_count=1, nodes=3, max_value_bytes=600)
+    table = net.master().cluster.table
+    owner_uuid = table.owner(0)
+    pids = [pid for pid in range(table.partition_count) if table.owner(pid) == owner_uuid
+            and table.replicas(pid)[1] is not None][:3]
+    assert len(pids) == 3
+    by_pid: dict[int, list[tuple[bytes, bytes]]] = {pid: [] for pid in pids}
+    for i in range(20_000):
+        key = serialize_key(f"big{i}")
+        pid = partition_id_of(key, table.partition_count)
+        if pid in by_pid and len(by_pid[pid]) < 2:
+            by_pid[pid].append((key, serialize_value(b"v" * 200)))
+        if all(len(pairs) == 2 for pairs in by_pid.values()):
+            break
+    items = [item for pid in pids for pair in by_pid[pid] for item in pair]
+    payload = p.pack_items(items)
+    assert len(payload) > 600  # the look entry by entry is taken
+    probe = Probe(net)
+    rid = probe.send(owner_of(net, pids[0]), p.PUT_ALL, [payload], ns="m", pids=pids,
+                     counts=[2, 2, 2], iid="big1")
+    net.run_until(net.time + 3.0)
+    header, _ = probe.answer(rid)
+    assert header["ok"], header
+    for node in (owner_of(net, pids[0]), *(node_of(net, table.replicas(pid)[1])
+                                           for pid in pids)):
+        for pid in pids:
+            if node.info.uuid in table.replicas(pid):
+                assert [node.store.get(pid, "m", key) for key, _ in by_pid[pid]] == \
+                    [value for _, value in by_pid[pid]], (node.info.uuid, pid)
+    assert check_converged(net) == []

@@ -38,8 +38,8 @@ import zmq
 from grid.config import LINK_TRANSPORTS
 
 FRAME = struct.Struct("<IB")
-# ZeroMQ's poll flags as plain ints: both loops poll links with zmq's poller, and its IntFlag
-# arithmetic costs microseconds a message.
+# ZeroMQ's poll flags as plain ints, as both loops' polls report them (the client's zmq_poll,
+# the member's workers/poller.py): IntFlag arithmetic costs microseconds a message.
 POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 RECV_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 1.0

@@ -24,7 +24,8 @@ from typing import Any
 
 import zmq
 
-POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
+from grid.link import POLLERR, POLLIN, POLLOUT
+
 _EVENTS = zmq.EVENTS
 
 __all__ = ["EpollPoller", "make_poller"]

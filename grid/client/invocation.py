@@ -360,6 +360,15 @@ class Invoker:
             self.table.apply(table)
         self._owner_endpoints = None
 
+    def _working_on(self, write: bool, pid: int) -> int:
+        """The members that work on a request about ``pid`` at once, for the spin's count: a
+        write's live replicas (its backups apply it while its owner still works on it), a
+        read's owner."""
+        if not write:
+            return 1
+        row = self.table.replicas(pid)  # type: ignore[union-attr]
+        return len(row) - row.count(None)
+
     def owner_endpoint(self, pid: int) -> str | None:
         owners = self._owner_list()
         return None if owners is None else owners[pid]
@@ -391,13 +400,9 @@ class Invoker:
         endpoint = self.owner_endpoint(pid) if self.table is not None else None
         first = None
         if endpoint is not None:
-            # A write's backups apply it while its owner still works on it.
-            replicas = 1
-            if op in p.WRITE_OPS:
-                row = self.table.replicas(pid)  # type: ignore[union-attr]
-                replicas = len(row) - row.count(None)
             first = self.exchange([(endpoint, op, fields, frames)],
-                                  min(self.attempt_timeout, self.invocation_timeout), replicas)
+                                  min(self.attempt_timeout, self.invocation_timeout),
+                                  self._working_on(op in p.WRITE_OPS, pid))
             reply = first[0]
             if reply is not None and reply[0].get("ok") and not reply[0].get("rows") \
                     and not reply[0].get("wrong"):
@@ -493,11 +498,9 @@ class Invoker:
                     fields, frames = build(group)
                     requests.append((endpoint, op, fields, frames))
                     groups.append(group)
-                replicas = 1
-                if write and requests:  # (a write's backups apply it as its owner works on)
-                    row = self.table.replicas(groups[0][0])  # type: ignore[union-attr]
-                    replicas = len(row) - row.count(None)
-                replies = self.exchange(requests, timeout, replicas) if requests else []
+                replies = self.exchange(requests, timeout,
+                                        self._working_on(write, groups[0][0])) \
+                    if requests else []
             for group, reply in zip(groups, replies, strict=True):
                 if reply is None:
                     retry.extend(group)

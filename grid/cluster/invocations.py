@@ -6,7 +6,10 @@ resent ``put`` returns its own value as the previous one, ``remove`` returns Non
 the owner and its backups remember which partitions it was applied to and what it returned,
 for as long as a client may resend (its invocation timeout), so that whichever replica is
 owner when the resend comes answers it as the first attempt was answered and applies nothing
-twice. One record per invocation, not per partition: a batch costs one entry.
+twice. One record per invocation, not per partition: a batch costs one entry. Which
+invocations each partition holds is asked only when a partition moves or is dropped, so that
+index is brought up to date then, not on every write (a batch of 100 keys names 80
+partitions, on its owner and again on its backup).
 
 Pure state: times are passed in.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Container, Iterable
+from itertools import islice
 from typing import Any
 
 NOT_RECORDED = object()
@@ -31,8 +35,10 @@ class InvocationRecords:
         self.max_records = max_records
         self._records: dict[str, tuple[set[int], Any]] = {}
         self._order: deque[tuple[float, str]] = deque()  # (recorded at, invocation id)
-        # What a migration of the partition carries (a set made where one is missing).
+        # What a migration of the partition carries (a set made where one is missing), for
+        # every record but the newest ``_unindexed`` of ``_order`` (``_index`` adds those).
         self._by_pid: defaultdict[int, set[str]] = defaultdict(set)
+        self._unindexed = 0
 
     def get(self, pid: int, iid: str) -> Any:
         """The outcome of ``iid`` if it was applied to partition ``pid``, else NOT_RECORDED."""
@@ -52,30 +58,47 @@ class InvocationRecords:
         if record is None:
             self._records[iid] = (pids, outcome)
             self._order.append((now, iid))
+            self._unindexed += 1  # (indexed by partition when one is asked for)
             while len(self._order) > self.max_records:
-                self._forget(self._order.popleft()[1])
-        elif not record[0]:  # applied again after every partition forgot it: now the first
+                self._forget_oldest()
+            return
+        # A resend's record (rare): the index is brought up to date and takes it at once.
+        self._index()
+        if not record[0]:  # applied again after every partition forgot it: now the first
             self._records[iid] = (pids, outcome)
         else:
             record[0].update(pids)
         by_pid = self._by_pid
-        for pid in pids:  # (a batch's 80 partitions)
+        for pid in pids:
             by_pid[pid].add(iid)
+
+    def _index(self) -> None:
+        """Add the records not yet in the partition index to it."""
+        if not self._unindexed:
+            return
+        records, by_pid = self._records, self._by_pid
+        for _, iid in islice(reversed(self._order), self._unindexed):
+            for pid in records[iid][0]:
+                by_pid[pid].add(iid)
+        self._unindexed = 0
 
     def of_partition(self, pid: int) -> list[tuple[str, Any]]:
         """(invocation id, outcome) of what was applied to ``pid``: a migration or a sync
         hands them on with the data, so the partition's next owner answers resends too."""
+        self._index()
         records = self._records
         return [(iid, records[iid][1]) for iid in self._by_pid.get(pid, ())]
 
     def invocations(self, pid: int) -> set[str]:
         """The invocation ids recorded as applied to ``pid``."""
+        self._index()
         return set(self._by_pid.get(pid, ()))
 
     def forget_unknown(self, pid: int, iids: Iterable[str], known: Container[str]) -> None:
         """Forget for ``pid`` each of ``iids`` that ``known`` lacks: a replica sync made this
         replica's copy of ``pid`` the owner's, and ``known`` is what the owner remembers of
         it (so the copy may not hold the others' writes)."""
+        self._index()
         records, by_pid = self._records, self._by_pid.get(pid)
         if not by_pid:
             return
@@ -102,22 +125,27 @@ class InvocationRecords:
         or replaced by another replica's): a resend to it must be applied again."""
         self.forget_unknown(pid, self.invocations(pid), ())
 
-    def _forget(self, iid: str) -> None:
-        record = self._records.pop(iid, None)
-        if record is None:
+    def _forget_oldest(self) -> None:
+        """Forget the oldest record (the head of ``_order``), and its partitions' index
+        entries if it was indexed."""
+        iid = self._order.popleft()[1]
+        pids = self._records.pop(iid)[0]
+        if len(self._order) < self._unindexed:  # it was among the newest, never indexed
+            self._unindexed -= 1
             return
-        for pid in record[0]:
-            iids = self._by_pid.get(pid)
+        by_pid = self._by_pid
+        for pid in pids:
+            iids = by_pid.get(pid)
             if iids is not None:
                 iids.discard(iid)
                 if not iids:
-                    del self._by_pid[pid]
+                    del by_pid[pid]
 
     def expire(self, now: float) -> None:
         """Forget what no client can resend any more."""
         order = self._order
         while order and order[0][0] < now - self.keep_s:
-            self._forget(order.popleft()[1])
+            self._forget_oldest()
 
     def __len__(self) -> int:
         return len(self._records)

@@ -49,7 +49,7 @@ TICK_S = 0.1
 # The record store's and invocation records' methods that change a partition's data or its
 # records, which SimNode.watch_rewrites notes for the record check, and the others: they
 # leave both as they are, or change them only through a watched one (expire forgets through
-# _forget). test_simulation_watches checks that every method of the two classes is in one of
+# _forget_oldest). test_simulation_watches checks that every method of the two classes is in one of
 # them, so a new way to change a partition cannot go unnoticed by the check.
 STORE_REPLACES = frozenset({"clear", "move_fragment", "replace_leaves", "receive",
                             "drop_partition"})  # (noted as the whole partition)
@@ -62,7 +62,7 @@ STORE_UNWATCHED = frozenset({
     "publish", "settle", "share",  # (the shared index for local reads: check_local_reads)
 })
 RECORDS_REWRITES = frozenset({"record", "adopt", "forget_unknown", "forget_partition",
-                              "_forget"})
+                              "_forget_oldest"})
 RECORDS_UNWATCHED = frozenset({"get", "invocations", "of_partition", "expire"})
 SUPERVISOR = b"supervisor"
 
@@ -619,8 +619,8 @@ class SimNode(Node):
         # must not be a resendable write's.
         watch(records, "forget_unknown", lambda pid, *_: [(pid, ())])
         watch(records, "forget_partition", lambda pid: [(pid, ())])
-        watch(records, "_forget", lambda iid: [(pid, ()) for pid in
-                                               records._records.get(iid, ((), None))[0]])
+        watch(records, "_forget_oldest", lambda: [
+            (pid, ()) for pid in records._records[records._order[0][1]][0]])
         watch(self.maps, "_answer", lambda ticket: [(pid, ()) for pid in ticket.written])
         assert vars(store).keys() >= STORE_REWRITES and \
             vars(records).keys() >= RECORDS_REWRITES, "a rewriting method is not watched"

@@ -206,6 +206,9 @@ _op = st.one_of(
     st.tuples(st.just("adopt"), st.integers(0, 4),
               st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 99)), max_size=4),
               st.integers(0, 3)),
+    # Asks which invocations each partition holds: the partition index is brought up to
+    # date only then (and by forget/adopt), so records come and go unindexed between looks.
+    st.tuples(st.just("look")),
 )
 
 
@@ -253,20 +256,68 @@ def test_records_match_a_simple_model(ops, keep_s, max_records):
             for iid in iids - known:
                 if iid in model:
                     model[iid][0].discard(pid)
+        elif op[0] == "look":
+            for pid in range(5):
+                assert records.invocations(pid) == {k for k, v in model.items() if pid in v[0]}
+                assert sorted(records.of_partition(pid)) == sorted(
+                    (k, v[1]) for k, v in model.items() if pid in v[0])
         else:
             now += op[1]
             records.expire(now=float(now))
             for iid in [k for k, v in model.items() if v[2] < now - keep_s]:
                 del model[iid]
         assert len(records) == len(model)
-        for pid in range(5):
-            assert records.invocations(pid) == {k for k, v in model.items() if pid in v[0]}
         for iid in "abcdef":
             for pid in range(5):
                 if iid in model and pid in model[iid][0]:
                     assert records.get(pid, iid) == model[iid][1]
                 else:
                     assert records.get(pid, iid) is NOT_RECORDED
+    for pid in range(5):
+        assert records.invocations(pid) == {k for k, v in model.items() if pid in v[0]}
+    # The index holds nothing that was forgotten.
+    assert {iid for iids in records._by_pid.values() for iid in iids} <= set(model)
+    assert all(records._by_pid.values())
+
+
+def test_records_never_asked_for_by_partition_leave_no_index_behind():
+    """Writes record their partitions; the index by partition is built only when a partition
+    is asked for, so records that expire unasked never enter it, and one asked for leaves
+    it when it expires."""
+    records = InvocationRecords(keep_s=10.0, max_records=3)
+    for i in range(10):
+        records.record(f"w{i}", range(80), None, now=float(i))
+    assert records._by_pid == {}
+    assert records.invocations(5) == {"w7", "w8", "w9"}  # max_records kept the newest three
+    records.record("w10", [1, 2], None, now=10.0)  # w7 goes, indexed; w10 is not yet
+    assert set(records._by_pid[5]) == {"w8", "w9"}
+    records.expire(now=100.0)
+    assert len(records) == 0
+    assert records._by_pid == {}
+    assert records.invocations(1) == set()
+
+
+def test_a_resend_recorded_before_its_first_record_was_indexed_is_indexed_whole():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("a", [1, 2], "old", now=0.0)
+    records.record("b", [3], None, now=0.0)
+    records.record("a", [2, 4], "new", now=1.0)  # a resend: partitions added, first outcome
+    assert records.of_partition(4) == [("a", "old")]
+    assert records.invocations(1) == {"a"} and records.invocations(3) == {"b"}
+    records.forget_partition(2)
+    assert records.get(2, "a") is NOT_RECORDED and records.get(1, "a") == "old"
+    records.expire(now=20.0)
+    assert records._by_pid == {}
+
+
+def test_a_resend_that_expires_unasked_leaves_no_index_behind():
+    records = InvocationRecords(keep_s=10.0)
+    records.record("a", [1], None, now=0.0)
+    records.record("a", [2], None, now=1.0)  # a resend, before anything asked by partition
+    records.record("b", [3], None, now=1.0)
+    records.expire(now=10.5)
+    assert len(records) == 1 and records._by_pid == {}
+    assert records.invocations(3) == {"b"} and records.invocations(2) == set()
 
 
 def test_a_forgotten_partition_answers_a_resend_as_new_and_hands_nothing_on():

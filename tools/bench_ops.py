@@ -19,9 +19,10 @@ turns.
 
 The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1), the same
 against a plain SET (no replica wait), and a put with one asynchronous copy against SET;
-batches of 100 writes and reads (Redis: the non-atomic MSET/MGET over slots, and one hash tag:
-one slot, one call; shmgrid: keys spread over partitions, and the same keys with one hash tag
-a batch: one partition, one owner).
+batches of 100 writes (and a put_all with one asynchronous copy against mset_nonatomic, which
+does not wait for Redis's replicas either) and reads (Redis: the non-atomic MSET/MGET over
+slots, and one hash tag: one slot, one call; shmgrid: keys spread over partitions, and the
+same keys with one hash tag a batch: one partition, one owner).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ ROWS = [("single get", "get", "GET"),
         ("  one async copy (not waited for, as SET)", "put, async copy", "SET"),
         ("  the map published for local reads", "put, published", "SET + WAIT 1"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
+        ("  one async copy (not waited for, as MSET)", "put_all, async copy", "mset_nonatomic"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
         ("  keys with one hash tag a batch", "put_all, one hash tag", "MSET, one hash tag"),
@@ -171,15 +173,20 @@ def grid_workloads(cluster_name: str, keys: list[str], value: bytes
 
 @contextmanager
 def async_copy_workloads(cluster_name: str, keys: list[str], value: bytes) -> Iterator[Workloads]:
-    """The put of a cluster whose backup is asynchronous, on a map filled with ``keys``."""
+    """The put and put_all of a cluster whose backup is asynchronous, on a map filled with
+    ``keys``."""
     import grid
 
     with grid.connect(cluster_name=cluster_name) as client:
         m = client.get_map("bench_ops")
         m.put_all({k: value for k in keys})
         n = len(keys)
+        batches = [keys[i:i + BATCH] for i in range(0, n, BATCH)]
         try:
-            yield {"put, async copy": (lambda i: m.put(keys[i % n], value), 1)}
+            yield {"put, async copy": (lambda i: m.put(keys[i % n], value), 1),
+                   "put_all, async copy": (
+                       lambda i: m.put_all(dict.fromkeys(batches[i % len(batches)], value)),
+                       BATCH)}
         finally:
             m.clear()
 

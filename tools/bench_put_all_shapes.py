@@ -146,7 +146,8 @@ def main() -> int:
                         f"{args.rounds} turns of {args.seconds:g} s a shape")
     for column in ("shape", "keys/s", "µs a call", "members' CPU µs a call (system)",
                    "client CPU µs a call", "vs spread"):
-        table.add_column(column, justify="left" if column == "shape" else "right")
+        table.add_column(column, justify="left" if column == "shape" else "right",
+                         no_wrap=column == "shape")
     spread_rate = totals["spread"][0] / totals["spread"][1]
     for shape in SHAPES:
         calls, seconds, user, system, client_cpu = totals[shape]

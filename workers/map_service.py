@@ -713,8 +713,7 @@ class MapService:
                 self._send_backup(uuid, op)  # (ack_early: it leaves on the retransmit)
         for uuid, group in async_groups.items():
             # Asynchronous: nobody waits, a lost one is for replica sync to repair.
-            self.member.request_peer(uuid, p.BACKUP, packed(group), [payload_of(group[1])],
-                                     lambda h, f: None, timeout=self.config.heartbeat_timeout)
+            self.member.tell_peer(uuid, p.BACKUP, packed(group), [payload_of(group[1])])
         self._settle(ticket)
 
     def _send_backup(self, uuid: str, op: OutgoingOp) -> None:
@@ -1017,8 +1016,8 @@ class MapService:
             raise ProtocolError("a backup names its sender")
         # A sender our table does not name as owner is refused part by part (unless our
         # table is older: then we hold its operations until we know).
-        if seq is None:  # an asynchronous backup: no stream, no answer awaited
-            self.member.reply_ok(ident, header, refused=self._apply_backup_op(header, frames)[0])
+        if seq is None:  # an asynchronous backup: no stream, and no answer (nobody awaits
+            self._apply_backup_op(header, frames)  # one; replica sync repairs what is lost)
             return
         if not isinstance(seq, int):
             raise ProtocolError("a backup's seq is an int")

@@ -93,14 +93,21 @@ class Node:
         """Send a request to a peer; ``callback(header, frames)`` runs on its reply, or
         ``callback(None, [])`` when it has not come within ``timeout`` seconds."""
         rid = next(self.ids)
-        fields["from"] = self.info.uuid
-        fields[p.SECRET_FIELD] = self.config.cluster_secret
-        header = p.request(op, rid, self.config.cluster_name, **fields)
         self.callbacks[rid] = (self.now() + timeout, callback)
-        if not self.send_peer(key, [header, *frames]):
+        if not self.send_peer(key, [self._peer_header(op, rid, fields), *frames]):
             del self.callbacks[rid]
             callback(None, [])
         return rid
+
+    def tell_peer(self, key: str, op: str, fields: dict[str, Any], frames: list[bytes]) -> bool:
+        """Send a request that wants no reply (an asynchronous backup operation: what gets
+        lost is for replica sync to repair); False if it did not leave."""
+        return self.send_peer(key, [self._peer_header(op, next(self.ids), fields), *frames])
+
+    def _peer_header(self, op: str, rid: int, fields: dict[str, Any]) -> bytes:
+        fields["from"] = self.info.uuid
+        fields[p.SECRET_FIELD] = self.config.cluster_secret
+        return p.request(op, rid, self.config.cluster_name, **fields)
 
     def reply_ok(self, ident: bytes, header: dict[str, Any], frames: list[Any] = (),
                  **fields: Any) -> None:

@@ -35,12 +35,16 @@ def test_toml_then_env_then_arguments(tmp_path):
     c = GridConfig.load(f, env=env, members=4)
     assert (c.backup_count, c.partition_count, c.members) == (2, 17, 4)
     assert c.migration_fragments_enabled is False
+    assert c.backup_placement == "spread"
+    assert GridConfig.load(env={"SHMGRID_BACKUP_PLACEMENT": "paired"}).backup_placement == \
+        "paired"
 
 
 @pytest.mark.parametrize("kwargs", [{"backup_count": 7}, {"partition_count": 0},
                                     {"cluster_name": "a-b"}, {"heartbeat_timeout": 0.5},
                                     {"backup_count": 4, "async_backup_count": 3},
-                                    {"client_busy_poll_us": -1}])
+                                    {"client_busy_poll_us": -1},
+                                    {"backup_placement": "clustered"}])
 def test_bad_configuration_is_refused_with_a_reason(kwargs):
     with pytest.raises(ValueError, match="invalid configuration"):
         GridConfig(**kwargs)

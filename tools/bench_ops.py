@@ -6,7 +6,9 @@
 
 shmgrid: 3 members, backup 1, through the public API; and, for a put that does not wait for
 its copy (as a plain SET does not), a second cluster of 3 whose one backup is asynchronous
-(backup_count 0, async_backup_count 1), started here whatever --cluster-name says. Redis
+(backup_count 0, async_backup_count 1), and a third whose backups are paired with their
+owners (backup_placement "paired": a batch's part goes to one backup), both started here
+whatever --cluster-name says. Redis
 Cluster (with --redis): 3 masters with one replica each, started here on loopback from
 `redis-server` (Debian's redis-server package), driven by redis-py (`pip install
 shmgrid[bench]`). 100-byte values; each workload runs for --seconds; entries/s and the p50
@@ -49,8 +51,11 @@ ROWS = [("single get", "get", "GET"),
         ("  the map published for local reads", "put, published", "SET + WAIT 1"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
         ("  one async copy (not waited for, as MSET)", "put_all, async copy", "mset_nonatomic"),
+        ("  backups paired with their owners", "put_all, paired backups", "mset_nonatomic"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
+        ("  backups paired, against one hash tag", "put_all, paired backups",
+         "MSET, one hash tag"),
         ("  keys with one hash tag a batch", "put_all, one hash tag", "MSET, one hash tag"),
         ("batches of 100, reads", "get_all", "mget_nonatomic"),
         ("  against one hash tag", "get_all", "MGET, one hash tag"),
@@ -172,9 +177,10 @@ def grid_workloads(cluster_name: str, keys: list[str], value: bytes
 
 
 @contextmanager
-def async_copy_workloads(cluster_name: str, keys: list[str], value: bytes) -> Iterator[Workloads]:
-    """The put and put_all of a cluster whose backup is asynchronous, on a map filled with
-    ``keys``."""
+def write_workloads(cluster_name: str, keys: list[str], value: bytes, label: str
+                    ) -> Iterator[Workloads]:
+    """The put and put_all of another cluster (its backup asynchronous, or placed otherwise),
+    as ``put, LABEL`` and ``put_all, LABEL``, on a map filled with ``keys``."""
     import grid
 
     with grid.connect(cluster_name=cluster_name) as client:
@@ -183,8 +189,8 @@ def async_copy_workloads(cluster_name: str, keys: list[str], value: bytes) -> It
         n = len(keys)
         batches = [keys[i:i + BATCH] for i in range(0, n, BATCH)]
         try:
-            yield {"put, async copy": (lambda i: m.put(keys[i % n], value), 1),
-                   "put_all, async copy": (
+            yield {f"put, {label}": (lambda i: m.put(keys[i % n], value), 1),
+                   f"put_all, {label}": (
                        lambda i: m.put_all(dict.fromkeys(batches[i % len(batches)], value)),
                        BATCH)}
         finally:
@@ -335,9 +341,12 @@ def main() -> int:
     with ExitStack() as stack:
         name = stack.enter_context(grid_cluster(args.cluster_name))
         ours, publish = stack.enter_context(grid_workloads(name, keys, value))
-        async_name = stack.enter_context(grid_cluster(
-            None, ("--backup-count", "0", "--async-backup-count", "1")))
-        ours.update(stack.enter_context(async_copy_workloads(async_name, keys, value)))
+        for label, options in (("async copy", ("--backup-count", "0",
+                                               "--async-backup-count", "1")),
+                               ("paired backups", ("--backup-count", "1",
+                                                   "--backup-placement", "paired"))):
+            other = stack.enter_context(grid_cluster(None, options))
+            ours.update(stack.enter_context(write_workloads(other, keys, value, label)))
         theirs = stack.enter_context(redis_workloads(
             stack.enter_context(redis_cluster(args.redis_port)), keys, value)) \
             if args.redis else {}

@@ -22,7 +22,8 @@ on the backups. The shapes take their keys from sets of partitions chosen by the
   spread with hardly any partitions.
 
 So ring against spread is what the message pattern costs, few partitions against spread what
-the partitions cost. Each shape runs ``--seconds`` a turn, in ``--rounds`` turns taken in
+the partitions cost. A cluster started with ``--backup-placement paired`` is a ring: there
+every spread batch has the ring's shape. Each shape runs ``--seconds`` a turn, in ``--rounds`` turns taken in
 order; keys are overwritten in place (100-byte values), as in a steady workload. The members'
 CPU counts their busy polling too (``member_busy_poll_us``), the client's its own.
 """

@@ -575,7 +575,8 @@ class ClusterService:
                 self._form_restarted(decision, names)
             else:
                 self._change_view(self.members, initial_assignment(
-                    self.table, self.members.data_members, self.config.total_backup_count))
+                    self.table, self.members.data_members, self.config.total_backup_count,
+                    self.config.backup_placement))
                 log.info("assigned %d partitions over %d members", self.table.partition_count,
                          len(self.members.data_members))
         self.member.reply_ok(ident, header, assigned=self.table.is_assigned())
@@ -702,7 +703,8 @@ class ClusterService:
 
     def _new_driver(self) -> MigrationDriver:
         return MigrationDriver(self.config.total_backup_count,
-                               self.config.max_parallel_migrations, self.config.migration_timeout)
+                               self.config.max_parallel_migrations, self.config.migration_timeout,
+                               self.config.backup_placement)
 
     def _run_commands(self, commands: list[Command]) -> None:
         for event in self.driver.events:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grid.cluster.state import ClusterState
-from grid.partition.assignment import assign
+from grid.partition.assignment import SPREAD, assign
 from grid.partition.migration_plan import (
     MigrationPlan,
     RepartitionPlan,
@@ -135,8 +135,9 @@ def _apply_at_once(new: PartitionTable, repartition: RepartitionPlan) -> Partiti
 
 class MigrationDriver:
     def __init__(self, backup_count: int, max_parallel_migrations: int,
-                 migration_timeout: float) -> None:
+                 migration_timeout: float, backup_placement: str = SPREAD) -> None:
         self.backup_count = backup_count
+        self.backup_placement = backup_placement
         self.max_parallel = max_parallel_migrations
         self.timeout = migration_timeout
         self.plan: MigrationPlan | None = None
@@ -155,7 +156,7 @@ class MigrationDriver:
         return self.plan is not None
 
     def target(self, table: PartitionTable, data_members: Sequence[str]) -> PartitionTable:
-        return assign(table, list(data_members), self.backup_count)
+        return assign(table, list(data_members), self.backup_count, self.backup_placement)
 
     def start(self, table: PartitionTable, data_members: Sequence[str], now: float,
               state: ClusterState, target: PartitionTable | None = None) -> list[Command]:

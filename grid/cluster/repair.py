@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from grid.partition.assignment import assign
+from grid.partition.assignment import SPREAD, assign
 from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable
 
 
@@ -54,10 +54,11 @@ def remove_members(table: PartitionTable, removed: Iterable[str],
 
 
 def initial_assignment(table: PartitionTable, data_members: Sequence[str],
-                       backup_count: int) -> PartitionTable:
-    """A copy of ``table`` with a balanced assignment over the data members. Setting the
-    replicas raises each partition's version above ``table``'s, so every member takes it."""
-    target = assign(table, list(data_members), backup_count)
+                       backup_count: int, placement: str = SPREAD) -> PartitionTable:
+    """A copy of ``table`` with a balanced assignment over the data members, its backups
+    placed by ``placement``. Setting the replicas raises each partition's version above
+    ``table``'s, so every member takes it."""
+    target = assign(table, list(data_members), backup_count, placement)
     result = table.copy()
     for pid in range(result.partition_count):
         result.set_replicas(pid, target.replicas(pid))

@@ -33,8 +33,10 @@ How it works, per replica index from hot to cold (as the reference's arrange doe
 3. Members over quota give up slots (partitions visited in a per-index MurmurHash3 order);
    free slots go to members under quota: the slot's previous holder first, then a member new to
    the partition (at backup indexes the one that least often backs the same owner, so that a
-   leaving member's partitions are taken over evenly), then one from a colder slot of the same
-   partition (a shift up), then a member the partition held before.
+   leaving member's partitions are taken over evenly; with the "paired" placement the member
+   ``index`` places after the owner in the member list, where it is under quota), then one
+   from a colder slot of the same partition (a shift up), then a member the partition held
+   before.
 4. A free slot no member under quota can take is filled along an augmenting path: a member that
    can take it hands one of its own slots to another member, and so on, until a member under
    quota is reached (a breadth-first search over members). Owner counts still two apart
@@ -53,7 +55,17 @@ import mmh3
 
 from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable, PartitionTableError
 
-__all__ = ["assign", "is_balanced", "replica_count_for"]
+__all__ = ["BACKUP_PLACEMENTS", "assign", "is_balanced", "replica_count_for"]
+
+# Where a free backup slot goes, among the members that may take it (``_Assigner.choose``):
+# "spread", the member that least often backs the partition's owner, so that when a member
+# leaves, the backups that take over its partitions are evenly spread; "paired", the member
+# ``index`` places after the owner in the member list (a ring), so that every partition of
+# an owner has the same backups and a batch write sends one backup operation to each (where
+# every member holds every partition, the two are the same as far as messages go, and the
+# spread one is kept).
+SPREAD, PAIRED = "spread", "paired"
+BACKUP_PLACEMENTS = (SPREAD, PAIRED)
 
 ORDER_SEED = 0x5348_4D47  # "SHMG": seeds the per-index partition visiting order
 RELIEVE_ATTEMPTS_MAX = 1024  # bounds the augmenting searches that even out owner counts
@@ -96,20 +108,28 @@ def _check_inputs(
     return members
 
 
-def assign(table: PartitionTable, data_members: Sequence[str], backup_count: int) -> PartitionTable:
-    """The target table for ``data_members`` (lite members are simply not passed).
+def assign(table: PartitionTable, data_members: Sequence[str], backup_count: int,
+           placement: str = SPREAD) -> PartitionTable:
+    """The target table for ``data_members`` (lite members are simply not passed), with
+    free backup slots filled by ``placement`` (``BACKUP_PLACEMENTS``).
 
     Returns a copy of ``table`` whose replicas are the target; its versions rose by the slots
     that changed, as any change does. ``table`` itself is not modified.
     """
     members = _check_inputs(table, data_members, backup_count)
+    if placement not in BACKUP_PLACEMENTS:
+        raise PartitionTableError(f"placement is one of {BACKUP_PLACEMENTS}, not {placement!r}")
     replica_count = replica_count_for(len(members), backup_count)
     target = table.copy()
     if replica_count == 0:
         for pid in range(table.partition_count):
             target.set_replicas(pid, ())
         return target
-    assigner = _Assigner(table, members, replica_count)
+    # Pairing saves messages only where a member does not hold every partition anyway; there
+    # it would cost the owners' balance after a loss for nothing (evening it out again would
+    # be a cycle, which the planner leaves as it is).
+    paired = placement == PAIRED and replica_count < len(members)
+    assigner = _Assigner(table, members, replica_count, paired)
     for index in range(replica_count):
         assigner.balance_index(index)
         if index > 0 and assigner.is_balanced(0) and not assigner.is_balanced(index):
@@ -152,8 +172,10 @@ def is_balanced(table: PartitionTable, data_members: Sequence[str], backup_count
 class _Assigner:
     """Working state of one ``assign`` run: the target rows, built one index at a time."""
 
-    def __init__(self, table: PartitionTable, members: list[str], replica_count: int) -> None:
+    def __init__(self, table: PartitionTable, members: list[str], replica_count: int,
+                 paired: bool = False) -> None:
         self.members = members
+        self.paired = paired
         self.rank = {member: k for k, member in enumerate(members)}
         self.replica_count = replica_count
         self.partition_count = table.partition_count
@@ -374,6 +396,10 @@ class _Assigner:
         if fresh:
             if index == 0:
                 return max(fresh, key=deficit.__getitem__)
+            if self.paired:  # the member ``index`` after the owner, where it may
+                partner = self.members[(self.rank[row[0]] + index) % len(self.members)]
+                if partner in fresh:
+                    return partner
             # Spread each owner's backups over the other members, so that when a member
             # leaves, the first backups that take over its partitions are evenly spread.
             pairs = self.pairs[row[0]]

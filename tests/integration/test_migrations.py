@@ -31,10 +31,9 @@ def _kill(cluster, name: str) -> None:
     _wait(lambda: not pid_alive(pid), what=f"{name} to be gone")
 
 
-def _kill_rounds(cluster_factory, rounds: int) -> None:
+def _kill_rounds(cluster, rounds: int) -> None:
     """Each round kills a member, waits until its lost backups are re-created, and adds a
     member back: a later kill of the member that held the only copy loses nothing."""
-    cluster = cluster_factory(members=3)
     with Writers(cluster) as writers:
         writers.wait_for(300)
         for n in range(rounds):
@@ -51,13 +50,26 @@ def _kill_rounds(cluster_factory, rounds: int) -> None:
 
 
 def test_kill_then_safe_then_kill_again_loses_nothing(cluster_factory):
-    _kill_rounds(cluster_factory, rounds=3)
+    _kill_rounds(cluster_factory(members=3), rounds=3)
+
+
+def test_paired_backups_follow_their_owners_and_lose_nothing_through_kills(cluster_factory):
+    """With ``backup_placement = "paired"`` each owner's partitions are backed up on one
+    member (the next in the member list): a batch's part goes to one backup. Kills, safety
+    and added members go as with spread backups, and lose nothing."""
+    cluster = cluster_factory(members=3, backup_placement="paired")
+    with cluster.connect() as client:
+        backups_of: dict[str, set[str]] = {}
+        for row in client.partition_replicas().values():
+            backups_of.setdefault(row[0], set()).add(row[1])
+    assert len(backups_of) == 3 and all(len(b) == 1 for b in backups_of.values()), backups_of
+    _kill_rounds(cluster, rounds=2)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(1200)
 def test_twenty_rounds_of_kill_safe_add_lose_nothing(cluster_factory):
-    _kill_rounds(cluster_factory, rounds=20)
+    _kill_rounds(cluster_factory(members=3), rounds=20)
 
 
 def test_an_added_member_takes_its_share_under_writes(cluster_factory):

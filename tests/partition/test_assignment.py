@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grid.partition.assignment import assign, is_balanced, replica_count_for
+from grid.partition.assignment import BACKUP_PLACEMENTS, assign, is_balanced, replica_count_for
 from grid.partition.planner import apply_migration, is_cyclic, plan_migrations
 from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable, PartitionTableError
 
@@ -134,6 +134,54 @@ def test_backups_of_one_owner_are_spread_over_the_other_members():
             target.replicas(pid)[1] for pid in range(271) if target.owner(pid) == owner
         )
         assert spread([backups[m] for m in members if m != owner]) <= 2
+
+
+@pytest.mark.parametrize("backup_count", [1, 2])
+@pytest.mark.parametrize("member_count", [2, 3, 4, 5, 7])
+def test_paired_backups_follow_their_owner_in_the_member_list(member_count, backup_count):
+    """With the "paired" placement a new cluster's backups form a ring: the backup at index
+    k of a partition is the member k places after its owner, for (nearly) every partition,
+    so that a batch write sends each owner's part to one member per backup index; the
+    target is as balanced as the spread one."""
+    members = POOL[:member_count]
+    target = assign(PartitionTable(271), members, backup_count, "paired")
+    check_target(target, members, backup_count)
+    replica_count = replica_count_for(member_count, backup_count)
+    for index in range(replica_count):
+        assert spread(counts_at(target, index, members)) <= 1
+    if replica_count == member_count:
+        # Every member holds every partition: pairing would save no message, and a loss
+        # would leave owners unbalanced for good; the spread target is kept.
+        assert [target.replicas(p) for p in range(271)] == \
+            [fresh(members, backup_count).replicas(p) for p in range(271)]
+        return
+    for index in range(1, replica_count):
+        follow = sum(target.replicas(pid)[index] == members[
+            (members.index(target.owner(pid)) + index) % member_count] for pid in range(271))
+        assert follow >= 0.99 * 271, (index, follow)
+    spread_target = fresh(members, backup_count)
+    owner = members[0]
+    assert len({spread_target.replicas(pid)[1] for pid in range(271)
+                if spread_target.owner(pid) == owner}) == member_count - 1
+
+
+def test_paired_backups_of_a_member_that_left_are_taken_over_by_one_member():
+    """The price of pairing: the partitions of a member that leaves are all promoted on its
+    one backup, which owns twice its share until the target evens the owners out again."""
+    members = POOL[:3]
+    table = assign(PartitionTable(271), members, 1, "paired")
+    repaired = without(table, {members[0]})
+    takers = Counter(repaired.replicas(pid)[1] for pid in range(271)
+                     if table.owner(pid) == members[0])
+    assert set(takers) == {members[1]}
+    target = assign(repaired, members[1:], 1, "paired")
+    assert spread(counts_at(target, 0, members[1:])) <= 1
+    owner_safety_holds(repaired, target, members[1:])
+
+
+def test_an_unknown_placement_is_refused():
+    with pytest.raises(PartitionTableError, match="placement"):
+        assign(PartitionTable(5), ["a"], 1, "clustered")
 
 
 def test_no_members_gives_an_empty_target():
@@ -318,11 +366,12 @@ def test_backups_fall_back_to_a_rotation_when_the_greedy_pass_cannot_balance(mon
     st.integers(1, 40),
     st.integers(1, 9),
     st.integers(0, 7),
+    st.sampled_from(BACKUP_PLACEMENTS),
 )
-def test_a_balanced_target_is_a_fixed_point(count, member_count, backup_count):
+def test_a_balanced_target_is_a_fixed_point(count, member_count, backup_count, placement):
     members = POOL[:member_count]
-    target = fresh(members, backup_count, count)
-    again = assign(target, members, backup_count)
+    target = assign(PartitionTable(count), members, backup_count, placement)
+    again = assign(target, members, backup_count, placement)
     assert [again.replicas(p) for p in range(count)] == [target.replicas(p) for p in range(count)]
 
 
@@ -361,13 +410,13 @@ def migrate(table: PartitionTable, target: PartitionTable, fraction: float) -> N
 
 
 @settings(max_examples=60, deadline=None)
-@given(histories())
-def test_targets_along_random_histories(history):
+@given(histories(), st.sampled_from(BACKUP_PLACEMENTS))
+def test_targets_along_random_histories(history, placement):
     count, backup_count, steps = history
     table = PartitionTable(count)
     for members, fraction in steps:
         repaired = without(table, table.members() - set(members))
-        target = assign(repaired, members, backup_count)
+        target = assign(repaired, members, backup_count, placement)
         check_target(target, members, backup_count)
         owner_safety_holds(repaired, target, members)
         replica_count = replica_count_for(len(members), backup_count)
@@ -400,9 +449,10 @@ def any_tables(draw: st.DrawFn) -> PartitionTable:
     any_tables(),
     st.lists(st.sampled_from(POOL), min_size=1, max_size=9, unique=True),
     st.integers(0, 8),
+    st.sampled_from(BACKUP_PLACEMENTS),
 )
-def test_targets_for_any_table(table, members, backup_count):
-    target = assign(table, members, backup_count)
+def test_targets_for_any_table(table, members, backup_count, placement):
+    target = assign(table, members, backup_count, placement)
     check_target(target, members, backup_count)
     owner_safety_holds(table, target, members)
     if spread(counts_at(target, 0, members)) <= 1:

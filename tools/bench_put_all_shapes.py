@@ -23,23 +23,21 @@ on the backups. The shapes take their keys from sets of partitions chosen by the
 
 So ring against spread is what the message pattern costs, few partitions against spread what
 the partitions cost. A cluster started with ``--backup-placement paired`` is a ring: there
-every spread batch has the ring's shape. Each shape runs ``--seconds`` a turn, in ``--rounds`` turns taken in
-order; keys are overwritten in place (100-byte values), as in a steady workload. The members'
-CPU counts their busy polling too (``member_busy_poll_us``), the client's its own.
+every spread batch has the ring's shape. Each shape runs ``--seconds`` a turn, in
+``--rounds`` turns taken in order; keys are overwritten in place (100-byte values), as in a
+steady workload. The members' CPU counts their busy polling too (``member_busy_poll_us``),
+the client's its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psutil
+from bench_ops import grid_cluster
 from rich.console import Console
 from rich.table import Table
 
@@ -47,24 +45,6 @@ import grid
 
 BATCH = 100
 SHAPES = ("spread", "ring", "one pair", "few partitions")
-
-
-@contextmanager
-def cluster(name: str | None) -> Iterator[str]:
-    """The cluster called ``name``, or one started here (3 members, backup 1) and stopped
-    after."""
-    if name:
-        yield name
-        return
-    name = f"shapes{uuid.uuid4().hex[:8]}"
-    subprocess.run([sys.executable, "-m", "grid", "start", "--detach", "--members", "3",
-                    "--backup-count", "1", "--cluster-name", name], check=True,
-                   capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run([sys.executable, "-m", "grid", "stop", "--cluster-name", name],
-                       capture_output=True)
 
 
 def shaped_keys(client: grid.Client, keys_per_shape: int) -> dict[str, list[str]]:
@@ -116,7 +96,7 @@ def main() -> int:
     args = parser.parse_args()
     value = b"v" * 100
     rng = random.Random(7)
-    with cluster(args.cluster_name) as name, grid.connect(cluster_name=name) as client:
+    with grid_cluster(args.cluster_name) as name, grid.connect(cluster_name=name) as client:
         shaped = shaped_keys(client, args.keys)
         members = [psutil.Process(member.pid) for member in client.cluster.members]
         me = psutil.Process()

@@ -91,3 +91,40 @@ def test_bench_spark_counts_cpu_by_kind_of_process_with_exited_workers(tmp_path)
     assert spent["Spark JVM"] >= 0.25, spent
     assert spent["Spark Python"] >= 0.25, spent  # the exited grandchild, through the daemon
     assert spent["this process"] < 0.25, spent
+
+
+def test_put_all_shapes_reach_the_members_and_partitions_they_say(grid_cluster):
+    """tools/bench_put_all_shapes.py: each shape's keys lie where its name says (a ring's
+    partitions are backed up by the member after their owner, one pair's by one owner and
+    one backup, the few partitions one per owner and backup pair), and the tool prints a row
+    a shape against a running cluster, and leaves its map empty."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    sys.path.insert(0, str(tools))
+    try:
+        from bench_put_all_shapes import SHAPES, shaped_keys
+    finally:
+        sys.path.remove(str(tools))
+    with grid_cluster.connect() as client:
+        shaped = shaped_keys(client, 300)
+        replicas = client.partition_replicas()
+        owners = sorted({row[0] for row in replicas.values()})
+        pairs = {shape: {tuple(replicas[client.partition_id(k)][:2]) for k in keys}
+                 for shape, keys in shaped.items()}
+        few = {client.partition_id(k) for k in shaped["few partitions"]}
+    assert all(len(keys) == 300 for keys in shaped.values())
+    assert len(pairs["spread"]) == 6
+    assert all(owners.index(b) == (owners.index(o) + 1) % 3 for o, b in pairs["ring"])
+    assert len(pairs["ring"]) == 3 and len(pairs["one pair"]) == 1
+    assert len(few) == 6
+    out = subprocess.run([sys.executable, str(tools / "bench_put_all_shapes.py"),
+                          "--cluster-name", grid_cluster.cluster_name, "--keys", "300",
+                          "--seconds", "0.2", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=100, check=True).stdout
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rows == list(SHAPES), out
+    with grid_cluster.connect() as client:
+        assert client.get_map("put_all_shapes").size() == 0

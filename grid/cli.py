@@ -674,8 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "paired, all on the members after it, so that a batch write sends "
                         "each owner's part to one backup (put_all of spread keys about 1.4x "
                         "as fast), while one member takes over all of a lost member's "
-                        "partitions (owners uneven until migrations, or with two members "
-                        "left and one backup, until a member is added)")
+                        "partitions until migrations even the owners out")
         sp.add_argument("--backup-sync-interval", type=float,
                         help="seconds between an owner's anti-entropy rounds: it sends its "
                         "replica versions and backups that are behind ask for a sync "

@@ -36,9 +36,9 @@ class GridConfig:
     # all on the members after it in the member list where balance allows, so that a batch
     # of writes sends each owner's part to one backup member (fewer messages: a put_all of
     # keys spread over partitions is about 1.4x as fast), at the price of one member taking
-    # over all of a lost member's partitions: migrations even the owners out again, except
-    # where the members left hold every partition (two members with one backup), there
-    # until a member is added.
+    # over all of a lost member's partitions until migrations even the owners out again
+    # (where the members left hold a replica of every partition, a few can stay uneven until
+    # a member is added: evening them out would be a cycle, which the planner leaves).
     backup_placement: str = "spread"
     max_parallel_migrations: int = 10
     # Seconds a migration may take (transfer, then commit) before the master fails it.

@@ -935,7 +935,7 @@ class ClusterService:
             # Ask again every heartbeat interval: a member is given up only after a whole
             # heartbeat timeout of asking, not after one or two lost messages.
             self.next_fetch = now + self.config.heartbeat_interval
-            for uuid in self.recovery_waiting:
+            for uuid in sorted(self.recovery_waiting):
                 self.member.request_peer(uuid, p.FETCH_STATE, {}, [],
                                          self._fetch_callback(uuid),
                                          timeout=self.config.heartbeat_timeout)

@@ -35,9 +35,9 @@ def test_toml_then_env_then_arguments(tmp_path):
     c = GridConfig.load(f, env=env, members=4)
     assert (c.backup_count, c.partition_count, c.members) == (2, 17, 4)
     assert c.migration_fragments_enabled is False
-    assert c.backup_placement == "spread"
-    assert GridConfig.load(env={"SHMGRID_BACKUP_PLACEMENT": "paired"}).backup_placement == \
-        "paired"
+    assert c.backup_placement == "paired"
+    assert GridConfig.load(env={"SHMGRID_BACKUP_PLACEMENT": "spread"}).backup_placement == \
+        "spread"
 
 
 @pytest.mark.parametrize("kwargs", [{"backup_count": 7}, {"partition_count": 0},

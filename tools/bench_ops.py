@@ -6,9 +6,9 @@
 
 shmgrid: 3 members, backup 1, through the public API; and, for a put that does not wait for
 its copy (as a plain SET does not), a second cluster of 3 whose one backup is asynchronous
-(backup_count 0, async_backup_count 1), and a third whose backups are paired with their
-owners (backup_placement "paired": a batch's part goes to one backup), both started here
-whatever --cluster-name says. Redis
+(backup_count 0, async_backup_count 1), and a third whose backups are spread over the members
+(backup_placement "spread": a batch's part for an owner goes to both other members, where the
+default "paired" sends it to one), both started here whatever --cluster-name says. Redis
 Cluster (with --redis): 3 masters with one replica each, started here on loopback from
 `redis-server` (Debian's redis-server package), driven by redis-py (`pip install
 shmgrid[bench]`). 100-byte values; each workload runs for --seconds; entries/s and the p50
@@ -51,10 +51,10 @@ ROWS = [("single get", "get", "GET"),
         ("  the map published for local reads", "put, published", "SET + WAIT 1"),
         ("batches of 100, writes", "put_all", "mset_nonatomic"),
         ("  one async copy (not waited for, as MSET)", "put_all, async copy", "mset_nonatomic"),
-        ("  backups paired with their owners", "put_all, paired backups", "mset_nonatomic"),
+        ("  backups spread over the members", "put_all, spread backups", "mset_nonatomic"),
         ("  the map published for local reads", "put_all, published", "mset_nonatomic"),
         ("  against one hash tag", "put_all", "MSET, one hash tag"),
-        ("  backups paired, against one hash tag", "put_all, paired backups",
+        ("  backups spread, against one hash tag", "put_all, spread backups",
          "MSET, one hash tag"),
         ("  keys with one hash tag a batch", "put_all, one hash tag", "MSET, one hash tag"),
         ("batches of 100, reads", "get_all", "mget_nonatomic"),
@@ -343,8 +343,8 @@ def main() -> int:
         ours, publish = stack.enter_context(grid_workloads(name, keys, value))
         for label, options in (("async copy", ("--backup-count", "0",
                                                "--async-backup-count", "1")),
-                               ("paired backups", ("--backup-count", "1",
-                                                   "--backup-placement", "paired"))):
+                               ("spread backups", ("--backup-count", "1",
+                                                   "--backup-placement", "spread"))):
             other = stack.enter_context(grid_cluster(None, options))
             ours.update(stack.enter_context(write_workloads(other, keys, value, label)))
         theirs = stack.enter_context(redis_workloads(

@@ -5,9 +5,9 @@ members and partitions, with the members' and the client's CPU per call.
     python tools/bench_put_all_shapes.py --rounds 3 --seconds 3
     python tools/bench_put_all_shapes.py --cluster-name dev
 
-A put_all of keys spread over every partition is one message to each of the 3 owners; each
-owner backs its part up on both other members (the assignment spreads an owner's backups, so
-that a member's partitions are taken over evenly when it leaves): 3 requests, 6 backup
+The cluster's backups are spread over the members (``--backup-placement spread``; the cluster
+it starts is). A put_all of keys spread over every partition is one message to each of the 3
+owners; each owner backs its part up on both other members: 3 requests, 6 backup
 operations, 6 acknowledgements and 3 replies, and some 80 partitions on the owners and again
 on the backups. The shapes take their keys from sets of partitions chosen by the table:
 
@@ -22,11 +22,11 @@ on the backups. The shapes take their keys from sets of partitions chosen by the
   spread with hardly any partitions.
 
 So ring against spread is what the message pattern costs, few partitions against spread what
-the partitions cost. A cluster started with ``--backup-placement paired`` is a ring: there
-every spread batch has the ring's shape. Each shape runs ``--seconds`` a turn, in
-``--rounds`` turns taken in order; keys are overwritten in place (100-byte values), as in a
-steady workload. The members' CPU counts their busy polling too (``member_busy_poll_us``),
-the client's its own.
+the partitions cost. A cluster with paired backups (the default placement) is a ring: there
+every spread batch has the ring's shape, and the shapes cannot be told apart. Each shape runs
+``--seconds`` a turn, in ``--rounds`` turns taken in order; keys are overwritten in place
+(100-byte values), as in a steady workload. The members' CPU counts their busy polling too
+(``member_busy_poll_us``), the client's its own.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ def shaped_keys(client: grid.Client, keys_per_shape: int) -> dict[str, list[str]
     if any(backup is None for _, backup in pair_of.values()):
         raise SystemExit("every partition needs a backup (backup_count >= 1)")
     pairs = sorted(set(pair_of.values()))
+    if len(pairs) < 6:
+        raise SystemExit(f"the shapes need backups spread over the members (a cluster started "
+                         f"with --backup-placement spread); the table has {len(pairs)} owner "
+                         f"and backup pairs, not 6")
     one_pair = max(pairs, key=lambda pair: sum(p == pair for p in pair_of.values()))
     few = {min(pid for pid, p in pair_of.items() if p == pair) for pair in pairs}
     wanted = {
@@ -88,15 +92,16 @@ def cpu_seconds(processes: list[psutil.Process]) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cluster-name", help="a running cluster of 3 data members, backup 1 "
-                                               "(default: start one)")
+    parser.add_argument("--cluster-name", help="a running cluster of 3 data members, backup 1, "
+                        "backups spread (default: start one)")
     parser.add_argument("--keys", type=int, default=20_000, help="keys a shape (default 20000)")
     parser.add_argument("--seconds", type=float, default=2.0, help="a turn (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="turns of each shape (default 2)")
     args = parser.parse_args()
     value = b"v" * 100
     rng = random.Random(7)
-    with grid_cluster(args.cluster_name) as name, grid.connect(cluster_name=name) as client:
+    spread = ("--backup-count", "1", "--backup-placement", "spread")
+    with grid_cluster(args.cluster_name, spread) as name, grid.connect(cluster_name=name) as client:
         shaped = shaped_keys(client, args.keys)
         members = [psutil.Process(member.pid) for member in client.cluster.members]
         me = psutil.Process()

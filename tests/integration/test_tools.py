@@ -93,11 +93,13 @@ def test_bench_spark_counts_cpu_by_kind_of_process_with_exited_workers(tmp_path)
     assert spent["this process"] < 0.25, spent
 
 
-def test_put_all_shapes_reach_the_members_and_partitions_they_say(grid_cluster):
+def test_put_all_shapes_reach_the_members_and_partitions_they_say(grid_cluster,
+                                                                  cluster_factory):
     """tools/bench_put_all_shapes.py: each shape's keys lie where its name says (a ring's
     partitions are backed up by the member after their owner, one pair's by one owner and
     one backup, the few partitions one per owner and backup pair), and the tool prints a row
-    a shape against a running cluster, and leaves its map empty."""
+    a shape against a running cluster with spread backups, and leaves its map empty; it
+    refuses one with paired backups (the default), where the shapes are one."""
     import subprocess
     import sys
     from pathlib import Path
@@ -108,7 +110,10 @@ def test_put_all_shapes_reach_the_members_and_partitions_they_say(grid_cluster):
         from bench_put_all_shapes import SHAPES, shaped_keys
     finally:
         sys.path.remove(str(tools))
-    with grid_cluster.connect() as client:
+    with grid_cluster.connect() as client, pytest.raises(SystemExit, match="spread"):
+        shaped_keys(client, 300)
+    spread = cluster_factory(members=3, backup_placement="spread")
+    with spread.connect() as client:
         shaped = shaped_keys(client, 300)
         replicas = client.partition_replicas()
         owners = sorted({row[0] for row in replicas.values()})
@@ -121,10 +126,10 @@ def test_put_all_shapes_reach_the_members_and_partitions_they_say(grid_cluster):
     assert len(pairs["ring"]) == 3 and len(pairs["one pair"]) == 1
     assert len(few) == 6
     out = subprocess.run([sys.executable, str(tools / "bench_put_all_shapes.py"),
-                          "--cluster-name", grid_cluster.cluster_name, "--keys", "300",
+                          "--cluster-name", spread.cluster_name, "--keys", "300",
                           "--seconds", "0.2", "--rounds", "1"],
                          capture_output=True, text=True, timeout=100, check=True).stdout
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert rows == list(SHAPES), out
-    with grid_cluster.connect() as client:
+    with spread.connect() as client:
         assert client.get_map("put_all_shapes").size() == 0

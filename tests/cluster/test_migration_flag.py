@@ -64,7 +64,10 @@ def test_a_sender_keeps_its_fragments_in_flight_within_the_byte_cap(make_cluster
         probe.send(owner_of(net, pid), p.PUT, [key, serialize_value(i)], ns="m", pid=pid,
                    iid=f"w{i}")
     net.run_until(net.time + 0.5)
-    net.add_node([n.info.endpoint for n in nodes])
+    joined = net.add_node([n.info.endpoint for n in nodes])
+    # The member that joins may be a migration source too (a partition it took over whose
+    # backup moves to its owner's partner), under the same cap.
+    joined.config = joined.config.replace(migration_max_bytes_in_flight=1)
     peak = 0
     for _ in range(400):
         net.run_until(net.time + 0.01)

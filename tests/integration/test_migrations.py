@@ -53,17 +53,26 @@ def test_kill_then_safe_then_kill_again_loses_nothing(cluster_factory):
     _kill_rounds(cluster_factory(members=3), rounds=3)
 
 
-def test_paired_backups_follow_their_owners_and_lose_nothing_through_kills(cluster_factory):
-    """With ``backup_placement = "paired"`` each owner's partitions are backed up on one
-    member (the next in the member list): a batch's part goes to one backup. Kills, safety
-    and added members go as with spread backups, and lose nothing."""
-    cluster = cluster_factory(members=3, backup_placement="paired")
+def _backups_of(cluster) -> dict[str, set[str]]:
+    """Each owner's backup members, from a client's table."""
+    backups_of: dict[str, set[str]] = {}
     with cluster.connect() as client:
-        backups_of: dict[str, set[str]] = {}
         for row in client.partition_replicas().values():
             backups_of.setdefault(row[0], set()).add(row[1])
+    return backups_of
+
+
+def test_paired_backups_follow_their_owners_and_lose_nothing_through_kills(cluster_factory):
+    """With the default ``backup_placement = "paired"`` each owner's partitions are backed up
+    on one member (the next in the member list): a batch's part goes to one backup. Kills,
+    safety and added members go as with spread backups, lose nothing, and leave the
+    backups paired again."""
+    cluster = cluster_factory(members=3)
+    backups_of = _backups_of(cluster)
     assert len(backups_of) == 3 and all(len(b) == 1 for b in backups_of.values()), backups_of
     _kill_rounds(cluster, rounds=2)
+    backups_of = _backups_of(cluster)
+    assert len(backups_of) == 3 and all(len(b) == 1 for b in backups_of.values()), backups_of
 
 
 @pytest.mark.soak

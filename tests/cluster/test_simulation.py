@@ -234,16 +234,17 @@ def test_failover_with_batches_soak(seed, fault):
 @pytest.mark.parametrize("fault", ["kill", "kill-master", "flaky-kill", "hang-resume",
                                    "join-then-kill", "leave-master"])
 def test_failover_with_paired_backups_keeps_every_acknowledged_write(fault):
-    """The same with the "paired" backup placement (grid/partition/assignment.py): every
-    partition of an owner has the same backup, so every batch's part goes to one backup,
-    which answers in the owner's place; a member's loss promotes all its partitions on
-    one member, and migrations even the owners out again. (Every fault, in the soak.)"""
+    """The same with the "paired" backup placement, the default (grid/partition/assignment.py):
+    every partition of an owner has the same backup, so every batch's part goes to one
+    backup, which answers in the owner's place; a member's loss promotes all its partitions
+    on one member, and migrations even the owners out and pair the backups again. (Every
+    fault, in the soak.)"""
     test_failover_keeps_every_acknowledged_write(0, fault, batches=True, placement="paired")
 
 
 @pytest.mark.soak
 @pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(60))  # the default placement: more seeds than spread's
 def test_failover_with_paired_backups_soak(seed, fault):
     test_failover_keeps_every_acknowledged_write(seed, fault, batches=True, placement="paired")
 

@@ -33,7 +33,7 @@ class GridConfig:
     async_backup_count: int = 0
     # Where an owner's backups go (grid/partition/assignment.py): "paired", all on the members
     # after it in a ring of the members, so that a batch of writes sends each owner's part to
-    # one backup member (fewer messages: a put_all of keys spread over partitions is about
+    # one backup member (fewer messages: a put_all of keys spread over partitions is 1.2x to
     # 1.4x as fast), at the price of backup copies after membership changes (to pair them
     # again) and of one member taking over all of a lost member's partitions until
     # migrations even the owners out again (where the members left hold a replica of every

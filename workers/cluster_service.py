@@ -149,10 +149,12 @@ class ClusterService:
             and master.uuid == self.me
 
     def is_safe(self) -> bool:
-        # A master that is about to plan (a member just joined) is not safe yet either:
-        # otherwise a wait-safe right after add-member could end before any migration.
-        pending = self.is_master and self.plan_wanted and self.table.is_assigned() and \
-            self.state.migration_allowed
+        # A master that is about to plan (a member just joined, or a plan just ended and
+        # the next tick looks again for what it did not do) is not safe yet either:
+        # otherwise a wait-safe right after add-member could end before any migration, or
+        # between a failed plan and the next.
+        pending = self.is_master and (self.plan_wanted or self.driver.ended) and \
+            self.table.is_assigned() and self.state.migration_allowed
         return self.joined and is_cluster_safe(self.table, self.members.data_members,
                                                self.config.total_backup_count,
                                                migrating=self.driver.active or pending)

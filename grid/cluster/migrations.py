@@ -227,6 +227,12 @@ class MigrationDriver:
                                 "completed": self.stats.completed,
                                 "failed": self.stats.failed})
 
+    @property
+    def ended(self) -> bool:
+        """A plan ended (done, failed or aborted) and the master has not looked again yet
+        (``take_ended``): until it does, it may have more to plan."""
+        return self._ended
+
     def take_ended(self) -> bool:
         """Whether a plan ended (done, failed or aborted) since the last call: the master
         then looks again, for what the plan did not do."""

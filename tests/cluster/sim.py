@@ -33,6 +33,7 @@ from grid.cluster.invocations import NOT_RECORDED
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
 from grid.local_reads import SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
+from grid.partition.migration_plan import demote_table, plan_repartition
 from grid.partition.table import PartitionTable
 from grid.serialization import (
     deserialize_value,
@@ -116,6 +117,8 @@ class SimNetwork:
         self.writes_of_key: dict[tuple[int, bytes], list[str]] = {}
         # invocation id -> until when its client may resend it (not answered yet)
         self.resendable: dict[str, float] = {}
+        # master -> what its last safety check saw (check_safe_master)
+        self.safe_seen: dict[str, tuple[Any, ...]] = {}
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -178,6 +181,7 @@ class SimNetwork:
             for node, changed in by_node.items():
                 if node.alive:
                     self.check_records(node, changed)
+        self.check_safe_master()
         for node in self.nodes.values():
             if node.alive and node.syncs.synced != self.syncs_seen.get(node.name, 0):
                 self.syncs_seen[node.name] = node.syncs.synced
@@ -237,6 +241,34 @@ class SimNetwork:
                         lists.setdefault(members.version, tuple(members.uuids)) != \
                         tuple(members.uuids):
                     self.violation(f"member list version {members.version} means two lists")
+
+    def check_safe_master(self) -> None:
+        """A master that says the cluster is safe, in a state that lets it migrate, has
+        nothing left to plan: what it would plan next from its table is nothing (cycles the
+        planner cancels aside). Else a wait-safe returns while partitions still move.
+
+        Looked at when the master's table, member list, plan or wish to plan changed."""
+        for node in self.alive():
+            cluster = node.cluster
+            if not cluster.is_master:
+                continue
+            seen = (cluster.members.version, tuple(cluster.table.live_rows()[1]),
+                    cluster.driver.active, cluster.plan_wanted, cluster.state_version,
+                    frozenset(cluster.leaving))
+            if self.safe_seen.get(node.name) == seen:
+                continue
+            self.safe_seen[node.name] = seen
+            if not cluster.state.migration_allowed or not cluster.is_safe():
+                continue
+            staying = [u for u in cluster.members.data_members if u not in cluster.leaving]
+            reclaim = cluster._reclaim_target(staying)
+            table = cluster.table
+            target = reclaim or cluster.driver.target(table, staying)
+            start = demote_table(table, target) if reclaim is not None else table
+            plan = plan_repartition(start, target)
+            if start != table or plan.queues or plan.removals or plan.lost_owners:
+                self.violation(f"{node.name}: says the cluster is safe with "
+                               f"{plan.migration_count} migrations still to plan")
 
     def violation(self, text: str) -> None:
         if len(self.violations) < 20:

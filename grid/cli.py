@@ -670,10 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "sync + async <= 6 (default 0)")
         sp.add_argument("--backup-placement", choices=["paired", "spread"],
                         help="where an owner's backups go: paired, all on the members after "
-                        "it, so that a batch write sends each owner's part to one backup "
-                        "(put_all of spread keys 1.2x to 1.4x as fast), while one member "
-                        "takes over all of a lost member's partitions until migrations even "
-                        "the owners out (default); or spread over the other members, so that "
+                        "it in a ring, so that a batch write sends each owner's part to one "
+                        "backup (put_all of spread keys 1.2x to 1.4x as fast), while one "
+                        "member takes over all of a lost member's partitions until migrations "
+                        "even the owners out, and backups move after membership changes to "
+                        "pair them again (default); or spread over the other members, so that "
                         "a lost member's partitions are taken over evenly")
         sp.add_argument("--backup-sync-interval", type=float,
                         help="seconds between an owner's anti-entropy rounds: it sends its "

@@ -32,13 +32,13 @@ class GridConfig:
     backup_count: int = 1
     async_backup_count: int = 0
     # Where an owner's backups go (grid/partition/assignment.py): "paired", all on the members
-    # after it in the member list where balance allows, so that a batch of writes sends each
-    # owner's part to one backup member (fewer messages: a put_all of keys spread over
-    # partitions is 1.2x to 1.4x as fast; membership changes mix the pairs), at the price of
-    # one member taking over all of a lost member's partitions until migrations even the
-    # owners out again (where the members left hold a replica of every partition, a few can
-    # stay uneven until a member is added: evening them out would be a cycle, which the
-    # planner leaves); or "spread", over every other member, so that a
+    # after it in a ring of the members, so that a batch of writes sends each owner's part to
+    # one backup member (fewer messages: a put_all of keys spread over partitions is 1.2x to
+    # 1.4x as fast), at the price of backup copies after membership changes (to pair them
+    # again) and of one member taking over all of a lost member's partitions until
+    # migrations even the owners out again (where the members left hold a replica of every
+    # partition, a few can stay uneven until a member is added: evening them out would be a
+    # cycle, which the planner leaves); or "spread", over every other member, so that a
     # member that leaves has its partitions taken over evenly. On one host the takeover costs
     # the same either way (README: "Where backups go").
     backup_placement: str = "paired"

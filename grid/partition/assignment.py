@@ -11,7 +11,8 @@ What the target guarantees (``replica_count = min(len(data_members), backup_coun
 - every index below ``replica_count`` is filled, every index at or above it is empty;
 - only data members appear, and no member twice in a partition;
 - at every index, member counts differ by at most one (one exception, below);
-- replicas of data members stay where they are unless balance needs them elsewhere; within a
+- replicas of data members stay where they are unless balance needs them elsewhere (or, with
+  the "paired" placement, a backup is not on its owner's partner, step 5); within a
   partition a member normally only moves hotter, so the target rarely holds a cycle that the
   planner would cancel (seed 002 section 3.2.1). When every member holds every partition
   (``replica_count == len(data_members)``) any rebalancing *is* a cycle, and the planner keeps
@@ -33,16 +34,24 @@ How it works, per replica index from hot to cold (as the reference's arrange doe
 3. Members over quota give up slots (partitions visited in a per-index MurmurHash3 order);
    free slots go to members under quota: the slot's previous holder first, then a member new to
    the partition (at backup indexes the one that least often backs the same owner, so that a
-   leaving member's partitions are taken over evenly; with the "paired" placement the member
-   ``index`` places after the owner in the member list, where it is under quota), then one
-   from a colder slot of the same partition (a shift up), then a member the partition held
-   before.
+   leaving member's partitions are taken over evenly; with the "paired" placement, where step
+   5 does not apply, the member ``index`` places after the owner in the ring, the members
+   sorted, where it is under quota), then one from a colder slot of the same partition (a
+   shift up), then a member the partition held before.
 4. A free slot no member under quota can take is filled along an augmenting path: a member that
    can take it hands one of its own slots to another member, and so on, until a member under
    quota is reached (a breadth-first search over members). Owner counts still two apart
    (quotas that guessed wrong around promoted owners) are evened out the same way.
 5. Should a backup index still be unbalanced (seen only with fewer partitions than a few times
-   the members), backups fall back to a rotation of the member list after each owner.
+   the members), backups fall back to a rotation of the member list after each owner. With the
+   "paired" placement a rotation of the members sorted (the ring) is the target of every
+   backup index once the owners are balanced (steps 2-4 at index 0): whoever held a backup
+   before, each owner's backups are the members after it in the ring (its partners), so that
+   the pairs a batch write needs survive membership changes (which fill free slots with
+   whoever has room), and members restarted from their files, whatever the order they join
+   in, find them where they were. It costs a backup copy per partition whose backup is not
+   its owner's partner (a join of a 4th member to 3 moves 1.34x the entries that the spread
+   placement moves: tools/bench_migration.py).
 """
 
 from __future__ import annotations
@@ -57,13 +66,13 @@ from grid.partition.table import MAX_REPLICA_COUNT, PartitionTable, PartitionTab
 
 __all__ = ["BACKUP_PLACEMENTS", "assign", "is_balanced", "replica_count_for"]
 
-# Where a free backup slot goes, among the members that may take it (``_Assigner.choose``):
-# "spread", the member that least often backs the partition's owner, so that when a member
-# leaves, the backups that take over its partitions are evenly spread; "paired", the member
-# ``index`` places after the owner in the member list (a ring), so that every partition of
-# an owner has the same backups and a batch write sends one backup operation to each (where
-# every member holds every partition, the two are the same as far as messages go, and the
-# spread one is kept).
+# Where backups go: "spread", a free backup slot to the member that least often backs the
+# partition's owner (``_Assigner.choose``), so that when a member leaves, the backups that take
+# over its partitions are evenly spread; "paired", every backup ``index`` of an owner on the
+# member ``index`` places after it in the members sorted (a ring, step 5 above), so that every
+# partition of an owner has the same backups and a batch write sends one backup operation to
+# each (where every member holds every partition, the two are the same as far as messages
+# go, and the spread one is kept).
 SPREAD, PAIRED = "spread", "paired"
 BACKUP_PLACEMENTS = (SPREAD, PAIRED)
 
@@ -131,6 +140,13 @@ def assign(table: PartitionTable, data_members: Sequence[str], backup_count: int
     paired = placement == PAIRED and replica_count < len(members)
     assigner = _Assigner(table, members, replica_count, paired)
     for index in range(replica_count):
+        if index == 1 and paired and assigner.is_balanced(0):
+            # Every owner's backups on the members after it, whatever held them before:
+            # after a membership change, whoever had room took the free slots; this brings
+            # each owner's backups back to one member (a backup copy per partition moved).
+            # Balanced owners give balanced backups.
+            assigner.rotate_backups()
+            break
         assigner.balance_index(index)
         if index > 0 and assigner.is_balanced(0) and not assigner.is_balanced(index):
             assigner.rotate_backups()
@@ -177,6 +193,12 @@ class _Assigner:
         self.members = members
         self.paired = paired
         self.rank = {member: k for k, member in enumerate(members)}
+        # The order of the backup rotation: the paired placement's partners are the members
+        # after an owner in it. Sorted, not the member list's order (which is the order of
+        # joining): members that restart together from their files, in whatever order they
+        # join, find their backups where they left them, and nothing moves.
+        self.ring = sorted(members) if paired else members
+        self.ring_rank = {member: k for k, member in enumerate(self.ring)}
         self.replica_count = replica_count
         self.partition_count = table.partition_count
         self.every_partition_full = replica_count == len(members)
@@ -397,7 +419,7 @@ class _Assigner:
             if index == 0:
                 return max(fresh, key=deficit.__getitem__)
             if self.paired:  # the member ``index`` after the owner, where it may
-                partner = self.members[(self.rank[row[0]] + index) % len(self.members)]
+                partner = self.ring[(self.ring_rank[row[0]] + index) % len(self.ring)]
                 if partner in fresh:
                     return partner
             # Spread each owner's backups over the other members, so that when a member
@@ -492,10 +514,11 @@ class _Assigner:
 
     def rotate_backups(self) -> None:
         """Fallback when the backups cannot be balanced incrementally (seen only with fewer
-        partitions than a few times the members): backup ``i`` of a partition owned by the
-        ``k``-th member is the ``(k + i)``-th member. Balanced owners give balanced backups."""
-        count = len(self.members)
+        partitions than a few times the members), and the paired placement's target: backup
+        ``i`` of a partition owned by the ``k``-th member of the ring is the ``(k + i)``-th.
+        Balanced owners give balanced backups."""
+        ring, count = self.ring, len(self.ring)
         for row in self.rows:
-            k = self.rank[row[0]]
+            k = self.ring_rank[row[0]]
             for index in range(1, self.replica_count):
-                row[index] = self.members[(k + index) % count]
+                row[index] = ring[(k + index) % count]

@@ -64,12 +64,15 @@ def _backups_of(cluster) -> dict[str, set[str]]:
 
 def test_paired_backups_follow_their_owners_and_lose_nothing_through_kills(cluster_factory):
     """With the default ``backup_placement = "paired"`` each owner's partitions are backed up
-    on one member (the next in the member list): a batch's part goes to one backup. Kills,
-    safety and added members go as with spread backups, and lose nothing."""
+    on one member (the next in a ring of the members): a batch's part goes to one backup. Kills,
+    safety and added members go as with spread backups, lose nothing, and leave the
+    backups paired again."""
     cluster = cluster_factory(members=3)
     backups_of = _backups_of(cluster)
     assert len(backups_of) == 3 and all(len(b) == 1 for b in backups_of.values()), backups_of
     _kill_rounds(cluster, rounds=2)
+    backups_of = _backups_of(cluster)
+    assert len(backups_of) == 3 and all(len(b) == 1 for b in backups_of.values()), backups_of
 
 
 @pytest.mark.soak

@@ -184,6 +184,9 @@ class MigrationService:
         def on_reply(reply: dict[str, Any] | None, _: list[bytes]) -> None:
             if self.outgoing.get(pid) is not run or run.current is not None:
                 return
+            if reply and reply.get("behind"):  # its table is behind: ask again, shortly
+                run.trees, run.retry_at = None, self.member.now() + RETRY_S
+                return
             trees = reply.get("trees") if reply and reply.get("ok") else None
             size = MerkleTree.nodes_bytes(self.member.config.merkle_tree_depth)
             if isinstance(trees, dict):
@@ -334,11 +337,18 @@ class MigrationService:
 
     def _on_trees(self, ident: bytes, header: dict[str, Any], frames: list[bytes]) -> None:
         """The destination: Merkle trees of the asked namespaces it holds."""
-        _, m, _ = self._request(header)
+        _, m, initial = self._request(header)
         namespaces = header.get("nss")
         if m.destination != self.member.info.uuid or not isinstance(namespaces, list):
             raise ProtocolError("migration trees are asked of the destination, by namespace")
         store, pid = self.member.store, m.partition_id
+        if self.member.cluster.table.version(pid) < initial:
+            # The publish of the partition's step before has not come: what we hold may be
+            # a replica it took from us, dropped once it comes, and differences taken
+            # against it would not fit (the sender asks again shortly).
+            self.member.cluster.ask_for_table()
+            self.member.reply_error(ident, header, p.MIGRATING, "behind", behind=True)
+            return
         held = set(store.namespaces(pid))
         self.member.reply_ok(ident, header, trees={
             ns: bytes(store.tree(pid, ns).nodes) for ns in namespaces if ns in held})

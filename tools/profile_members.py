@@ -1,11 +1,12 @@
 """Where the members' time goes under one synchronous client: py-spy samples of every member,
 summed by function.
 
-    python tools/profile_members.py put          # or get, put_all, get_all
+    python tools/profile_members.py put          # or get, put_all, put_all_tag, get_all
     python tools/profile_members.py put --seconds 8 --rate 200
 
 Starts a 3-member cluster (backup 1), fills 20,000 keys with 100-byte values, runs the
-operation in a loop from one client thread while `py-spy record` samples each member process
+operation in a loop from one client thread (put_all_tag: batches of 100 keys with one hash
+tag a batch, so one owner and one backup) while `py-spy record` samples each member process
 (`pip install shmgrid[bench]`; attaching needs ptrace rights: root, or
 kernel.yama.ptrace_scope 0), then prints the share of samples spent in each function (inclusive,
 and as the innermost frame). Time in `Poller.poll` is a member waiting for work.
@@ -74,7 +75,7 @@ def summarize(outputs: list[Path], top: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("operation", choices=["get", "put", "put_all", "get_all"])
+    parser.add_argument("operation", choices=["get", "put", "put_all", "put_all_tag", "get_all"])
     parser.add_argument("--seconds", type=float, default=8.0, help="sampling time (default 8)")
     parser.add_argument("--rate", type=int, default=200, help="samples per second (default 200)")
     parser.add_argument("--top", type=int, default=40, help="functions to list (default 40)")
@@ -93,10 +94,13 @@ def main() -> int:
             value = os.urandom(100)
             m.put_all(dict.fromkeys(keys, value))
             batches = [keys[i:i + BATCH] for i in range(0, KEYS, BATCH)]
+            tagged = [[f"{{t{n}}}{key}" for key in batch] for n, batch in enumerate(batches)]
             calls = {"get": lambda i: m.get(keys[i % KEYS]),
                      "put": lambda i: m.put(keys[i % KEYS], value),
                      "put_all": lambda i: m.put_all(dict.fromkeys(batches[i % len(batches)],
                                                                   value)),
+                     "put_all_tag": lambda i: m.put_all(dict.fromkeys(tagged[i % len(tagged)],
+                                                                      value)),
                      "get_all": lambda i: m.get_all(batches[i % len(batches)])}
             call = calls[args.operation]
             stop = threading.Event()

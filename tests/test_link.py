@@ -148,6 +148,33 @@ def test_a_header_with_a_bad_flag_ends_the_link(pair):
         take(theirs, 1)
 
 
+@pytest.mark.parametrize("messages", [
+    [[b"head", b"value"]],  # one message of two frames: the common read
+    [[b"head"], [b"key"]],  # two messages of one frame each
+    [[b"head", b"key"], [b"next", b"one"]],
+    [[b"head", b"key", b"value"]],
+    [[b"", b""]],
+    [[b"head"]],  # one message of one frame: an acknowledgement
+    [[b""]],
+])
+def test_whatever_one_read_holds_comes_out_as_the_messages_sent(pair, messages):
+    """One read's worth of bytes, parsed at once (the two-frame shortcut and the loop)."""
+    ours, theirs = pair()
+    ours.sock.sendall(b"".join(encode(message) for message in messages))
+    assert take(theirs, len(messages)) == messages
+
+
+def test_a_second_frame_beyond_the_limit_or_with_a_bad_flag_ends_the_link(pair):
+    ours, theirs = pair(max_frame_bytes=1000)
+    ours.sock.sendall(encode([b"head", b"x" * 1001]))
+    with pytest.raises(LinkError, match="1001 bytes"):
+        take(theirs, 1)
+    ours, theirs = pair()
+    ours.sock.sendall(FRAME.pack(4, 1) + b"head" + FRAME.pack(1, 7) + b"x")
+    with pytest.raises(LinkError, match="flag 7"):
+        take(theirs, 1)
+
+
 def test_nobody_listening_is_an_error_at_connect(transport):
     listener = listen("127.0.0.1", transport)
     address = address_of(listener)

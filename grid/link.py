@@ -202,22 +202,9 @@ class Link:
             data = bytes(self.inbound)
             self.inbound = bytearray()
         end, at = len(data), 0
-        unpack, header, limit = FRAME.unpack_from, FRAME.size, self.max_frame_bytes
-        frames = self.partial
-        if not frames and end >= header:
-            # Most reads are one whole message of one or two frames (a header, and a key or
-            # a value): sliced out with a third of the loop's bytecodes.
-            size, more = unpack(data, 0)
-            second = header + size
-            if size <= limit:
-                if not more:
-                    if second == end:
-                        return [[data[header:]]]
-                elif more == 1 and second + header <= end:
-                    size, more = unpack(data, second)
-                    if not more and second + header + size == end and size <= limit:
-                        return [[data[header:second], data[second + header:]]]
         messages = []
+        frames = self.partial
+        unpack, header, limit = FRAME.unpack_from, FRAME.size, self.max_frame_bytes
         while end - at >= header:
             size, more = unpack(data, at)
             if size > limit or more > 1:

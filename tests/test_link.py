@@ -158,7 +158,7 @@ def test_a_header_with_a_bad_flag_ends_the_link(pair):
     [[b""]],
 ])
 def test_whatever_one_read_holds_comes_out_as_the_messages_sent(pair, messages):
-    """One read's worth of bytes, parsed at once (the two-frame shortcut and the loop)."""
+    """One read's worth of bytes, parsed at once: whole messages of any shape, one or many."""
     ours, theirs = pair()
     ours.sock.sendall(b"".join(encode(message) for message in messages))
     assert take(theirs, len(messages)) == messages

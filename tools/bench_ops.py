@@ -19,12 +19,14 @@ drifts by half from one minute to the next, and run one after the other, the two
 row were a minute apart. The last column gives the lowest and highest ratio of the row's
 turns.
 
-The rows: single get; single put with one synchronous copy (Redis: SET then WAIT 1), the same
-against a plain SET (no replica wait), and a put with one asynchronous copy against SET;
-batches of 100 writes (and a put_all with one asynchronous copy against mset_nonatomic, which
-does not wait for Redis's replicas either) and reads (Redis: the non-atomic MSET/MGET over
-slots, and one hash tag: one slot, one call; shmgrid: keys spread over partitions, and the
-same keys with one hash tag a batch: one partition, one owner).
+The rows: single get, and the same over the keys of one hash tag (one owner, one Redis
+master: what spreading the calls over three processes costs each side); single put with one
+synchronous copy (Redis: SET then WAIT 1), the same against a plain SET (no replica wait),
+and a put with one asynchronous copy against SET; batches of 100 writes (and a put_all with
+one asynchronous copy against mset_nonatomic, which does not wait for Redis's replicas
+either) and reads (Redis: the non-atomic MSET/MGET over slots, and one hash tag: one slot,
+one call; shmgrid: keys spread over partitions, and the same keys with one hash tag a batch:
+one partition, one owner).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 BATCH = 100
 # (workload, shmgrid's call, Redis's call); rows indented compare the same shmgrid call again.
 ROWS = [("single get", "get", "GET"),
+        ("  keys of one hash tag (one owner)", "get, one hash tag", "GET, one hash tag"),
         ("single get, local reads", "get, local reads", "GET"),
         ("single put, one sync copy", "put", "SET + WAIT 1"),
         ("  against a plain SET", "put", "SET"),
@@ -138,6 +141,7 @@ def grid_workloads(cluster_name: str, keys: list[str], value: bytes
         put_all = (lambda i: m.put_all(dict.fromkeys(batches[i % b], value)), BATCH)
         workloads: Workloads = {
             "get": (lambda i: m.get(keys[i % n]), 1),
+            "get, one hash tag": (lambda i: m.get(tags[0][i % len(tags[0])]), 1),
             "put": (lambda i: m.put(keys[i % n], value), 1),
             "put_all": put_all,
             "get_all": (lambda i: m.get_all(batches[i % b]), BATCH),
@@ -264,6 +268,7 @@ def redis_workloads(port: int, keys: list[str], value: bytes) -> Iterator[Worklo
     tags = tagged(batches)
     n, b = len(keys), len(batches)
     client.mset_nonatomic(dict.fromkeys(keys, value))
+    client.mset(dict.fromkeys(tags[0], value))  # (one slot: what the one-tag GETs read)
 
     def set_wait(i: int) -> None:
         key = keys[i % n]
@@ -273,6 +278,7 @@ def redis_workloads(port: int, keys: list[str], value: bytes) -> Iterator[Worklo
     try:
         yield {
             "GET": (lambda i: client.get(keys[i % n]), 1),
+            "GET, one hash tag": (lambda i: client.get(tags[0][i % len(tags[0])]), 1),
             "SET + WAIT 1": (set_wait, 1),
             "SET": (lambda i: client.set(keys[i % n], value), 1),
             "mset_nonatomic": (lambda i: client.mset_nonatomic(

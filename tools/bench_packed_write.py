@@ -9,14 +9,15 @@ What a Spark append costs the members, alone: ``--rows`` rows (10-character stri
 Arrow batches of 10,000 rows, as Spark hands them over) before the clock starts, then written
 with ``Map.put_all_packed`` into a cleared map of a new 3-member cluster (backup 1) of that
 tree's code, by that tree's client; each round prints the rows/s and the members' CPU (user and
-system) per row. A call carries what a call of the Spark writer does: Arrow batches merged
-until they reach ``batch.size``'s default in rows or ``BATCH_BYTES`` (4 MiB: here four batches,
-40,000 rows). Calls of one batch each made little difference: rows/s 0.94x and 0.96x, the
-members' CPU a row 1.02x and 1.04x, in two alternating runs.
+system) per row. The calls are the ones the Spark writer makes (its ``_PendingRows``, with
+``batch.size``'s default): Arrow batches merged until ``batch.size`` rows or ``BATCH_BYTES``
+(4 MiB: here four batches, 40,000 rows). Calls of one batch each made little difference:
+rows/s 0.94x and 0.96x, the members' CPU a row 1.02x and 1.04x, in two alternating runs.
 
 With ``--base`` each tree takes its turn, the first alternating, so that both see the same
 minutes of a machine whose speed drifts; the first round of each warms its cluster up (its
-fragments are created then) and is left out of the medians. Needs the spark extra (pyarrow).
+fragments are created then) and is left out of the medians. Needs the spark extra (pyarrow,
+pyspark).
 """
 
 from __future__ import annotations
@@ -40,33 +41,32 @@ WRITER = r"""
 import json, os, sys, time
 import psutil, pyarrow as pa
 import grid
-from grid.client.map import BATCH_BYTES
 from grid.spark.options import batch_size_default
-from grid.spark.packed_write import pack_rows
+from grid.spark.source import _PendingRows
+
+
+class Calls:  # stands in for the map: keeps each put_all_packed call the writer makes
+    def __init__(self):
+        self.calls = []
+
+    def put_all_packed(self, pieces, partitions):
+        self.calls.append(pieces)
+
 
 client = grid.connect(cluster_name=sys.argv[1])
 m = client.get_map("packed")
 members = [psutil.Process(member.pid) for member in client.cluster.members]
 rows, batch_rows = int(sys.argv[2]), int(sys.argv[3])
-# One call's pieces (pid -> (rows, buffers of its table part, buffers of its records)), merged
-# from Arrow batches until the Spark writer would send them (grid/spark/source.py).
-packed, call, call_rows, call_bytes = [], {}, 0, 0
+# The Spark writer's own batching (grid/spark/source.py), its calls kept to be sent timed.
+recorded = Calls()
+writer = _PendingRows(recorded, None, batch_size_default, client.partition_count,
+                      client.max_value_bytes)
 for b in range(max(1, rows // batch_rows)):
     keys = pa.array([f"k{b * batch_rows + i:09d}" for i in range(batch_rows)])
     values = pa.array([os.urandom(50).hex() for _ in range(batch_rows)])
-    rows_packed = pack_rows(pa.RecordBatch.from_arrays([keys, values], ["key", "value"]), 0, 1,
-                            m._partition_count, 1 << 20)
-    for pid, (count, table, records) in rows_packed.pieces.items():
-        piece = call.setdefault(pid, (0, [], []))
-        call[pid] = (piece[0] + count, [*piece[1], table], [*piece[2], records])
-    call_rows += rows_packed.rows
-    call_bytes += rows_packed.size
-    if call_rows >= batch_size_default or call_bytes >= BATCH_BYTES:
-        packed.append(call)
-        call, call_rows, call_bytes = {}, 0, 0
-if call:
-    packed.append(call)
-written = max(1, rows // batch_rows) * batch_rows
+    writer.add(pa.RecordBatch.from_arrays([keys, values], ["key", "value"]), 0, 1, ())
+writer.flush()
+packed, written = recorded.calls, writer.written
 print("ready", flush=True)
 for _ in sys.stdin:
     m.clear()

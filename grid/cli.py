@@ -292,9 +292,12 @@ def _migration_line(migrations: dict[str, Any]) -> str:
     if not migrations:
         return ""
     if migrations.get("active"):
+        # Each member counts from its own table, and a destination commits before the
+        # publish reaches the source: a partition just moved shows on both for a moment.
         return (f"migrations: {migrations['running']} in flight, {migrations['remaining']} to "
                 f"go of {migrations['planned']} planned ({migrations['failed']} failed, "
-                f"planned again)")
+                f"planned again); until they end, a partition just moved may count on both "
+                f"its members")
     return (f"migrations: none in flight; the last plan completed {migrations['completed']} "
             f"of {migrations['planned']}")
 

@@ -342,7 +342,10 @@ class ClusterService:
             self._change_view(self.members.with_member(info), self.table)
             self._run_commands(self.driver.members_changed(self.table, set(),
                                                            self.member.now()))
-            self.plan_wanted = True
+            # A lite member holds nothing: its join calls for no plan, and the cluster stays
+            # safe (a plan it aborted above ends, and the master looks again then).
+            if not info.lite:
+                self.plan_wanted = True
             self.events.add({"type": "member_joined", "member": info.name, "lite": info.lite,
                              "at": self.member.now()})
             log.info("member %s joined (%d members)", info.name, len(self.members))

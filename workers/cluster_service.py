@@ -836,6 +836,7 @@ class ClusterService:
             return
         self.dead |= uuids
         names = [self.members.get(u).name for u in uuids]
+        lite = all(self.members.get(u).lite for u in uuids)  # they held nothing
         members = self.members.without(uuids)
         promoted = sum(1 for pid in range(self.table.partition_count)
                        if self.table.owner(pid) in uuids)
@@ -855,7 +856,8 @@ class ClusterService:
                 table = command.table
         self._change_view(members, table)
         self._run_commands([c for c in commands if not isinstance(c, NewTable)])
-        self.plan_wanted = True
+        if not lite:  # (as for a lite join: nothing to plan)
+            self.plan_wanted = True
         for uuid in uuids:
             self.member.notify_supervisor(p.FENCE, uuid=uuid, reason=reason)
         log.info("removed %s (%s); %d members left", ", ".join(names), reason, len(members))

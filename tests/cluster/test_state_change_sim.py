@@ -136,11 +136,12 @@ def test_the_master_answers_each_promotion_case_as_the_seed_says(make_cluster):
 
 
 @pytest.mark.parametrize("lite", [True, False], ids=["lite", "data"])
-def test_a_lite_join_leaves_the_cluster_safe_and_a_data_join_does_not(make_cluster, lite):
+def test_a_lite_join_and_death_leave_the_cluster_safe_and_a_data_join_does_not(make_cluster,
+                                                                                lite):
     """A lite member holds nothing, so its join gives the master nothing to plan: the cluster
     is safe from the moment the master takes it in (a wait-safe, or a status, right after
-    `add-member --lite` says so), and nothing moves. A data member's join is not safe until
-    the master has planned its share."""
+    `add-member --lite` says so), and nothing moves; the same when it dies. A data member's
+    join is not safe until the master has planned its share."""
     net = make_cluster(seed=5, backup_count=1, nodes=3)
     master = net.master()
     net.run_until(net.time + 1.0)
@@ -153,7 +154,11 @@ def test_a_lite_join_leaves_the_cluster_safe_and_a_data_join_does_not(make_clust
     net.run_until(net.time + 3.0)
     assert master.cluster.is_safe()
     counts = master.cluster.table.replica_counts(joiner.info.uuid)
-    if lite:
-        assert master.cluster.table == table and not any(counts), "a lite join moves nothing"
-    else:
+    if not lite:
         assert counts[0] > 0, "a data member takes its share"
+        return
+    assert master.cluster.table == table and not any(counts), "a lite join moves nothing"
+    net.kill(joiner, "a lite member dies")
+    while joiner.info.uuid in master.cluster.members:  # step until the master removes it
+        net.run_until(net.events[0][0])
+    assert master.cluster.is_safe() and master.cluster.table.live_rows() == table.live_rows()

@@ -74,8 +74,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("shmgrid").addoption("--shmgrid-name-prefix", help=help_text)
 
 
+_SIGTERM_HANDLER = pytest.StashKey[object]()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_FACTORIES] = []
+    # A run stopped with SIGTERM (`timeout`, a CI job that ran out of time) tears its
+    # clusters down as at a Ctrl-C; by default the signal would end pytest on the spot and
+    # leave every member and segment behind.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and \
+            threading.current_thread() is threading.main_thread():
+        config.stash[_SIGTERM_HANDLER] = signal.signal(signal.SIGTERM, _terminated)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -84,6 +97,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     is killed."""
     for factory in config.stash.get(_FACTORIES, []):
         factory.stop_all(graceful=False)
+    if _SIGTERM_HANDLER in config.stash:
+        signal.signal(signal.SIGTERM, config.stash[_SIGTERM_HANDLER])  # type: ignore[arg-type]
 
 
 class ShmgridCluster:

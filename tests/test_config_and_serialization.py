@@ -1,7 +1,9 @@
 import subprocess
 import sys
+import threading
 
 import mmh3
+import msgpack
 import pytest
 
 from grid import errors, serialization
@@ -188,6 +190,31 @@ def test_error_replies_become_the_right_exceptions():
     assert isinstance(err(p.TOO_LARGE, size=9, limit=1), errors.ValueTooLargeError)
     assert isinstance(err("whatever"), errors.ServerError)
     assert not err(p.PROTOCOL).retryable
+
+
+def test_header_packing_matches_packb_in_every_thread_and_after_a_large_or_bad_header():
+    """pack_header keeps a Packer per thread: its output is packb's, in any thread, after a
+    header it refused, and after one large enough that its Packer is dropped."""
+    header = {"op": "get", "id": 7, "c": "cluster", "ns": "m", "pid": 3, "b": b"\x00"}
+    large = {"table": ["x" * 100] * (p.KEEP_PACKER_BYTES // 50)}
+    with pytest.raises(TypeError):
+        p.pack_header({"bad": object()})
+    assert p.pack_header(header) == msgpack.packb(header, use_bin_type=True)
+    assert p.pack_header(large) == msgpack.packb(large, use_bin_type=True)
+    assert not hasattr(p._packers, "pack"), "a Packer that grew that large is dropped"
+    assert p.pack_header(header) == msgpack.packb(header, use_bin_type=True)
+    results: list[bytes] = []
+
+    def pack_many() -> None:
+        results.extend(p.pack_header({**header, "id": i}) for i in range(2000))
+
+    threads = [threading.Thread(target=pack_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == sorted(msgpack.packb({**header, "id": i}, use_bin_type=True)
+                                     for _ in threads for i in range(2000))
 
 
 @pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", b"\xa3abc", b"\x81"])

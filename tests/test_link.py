@@ -14,7 +14,18 @@ import zmq
 
 from grid.client.invocation import Invoker
 from grid.config import LINK_TRANSPORTS
-from grid.link import FRAME, Link, LinkError, address_of, encode, listen
+from grid.link import (
+    FRAME,
+    POLLERR,
+    POLLIN,
+    POLLOUT,
+    Link,
+    LinkError,
+    LinkPoll,
+    address_of,
+    encode,
+    listen,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -131,6 +142,40 @@ def test_a_closed_peer_ends_the_link_after_what_it_sent(pair):
             select.select([theirs.sock], [], [], 0.05)
             theirs.receive()
     assert theirs.closed
+
+
+def test_a_link_poll_reports_what_zmq_poll_reports(pair):
+    """LinkPoll stands in for zmq_poll in the client's wait: the same events, in ZeroMQ's
+    flags, for readable, writable, quiet and hung-up links."""
+    quiet, _ = pair()
+    readable, sender = pair()
+    writer, _ = pair()
+    hung_up, peer = pair()
+    assert sender.send([b"hello"])
+    peer.close()
+    items = [(quiet.fd, POLLIN), (readable.fd, POLLIN), (writer.fd, POLLIN | POLLOUT),
+             (hung_up.fd, POLLIN)]
+    deadline = time.monotonic() + 10
+    while True:  # until the hello and the hang-up have come
+        ours = dict(LinkPoll(items).poll(100))
+        if readable.fd in ours and hung_up.fd in ours or time.monotonic() > deadline:
+            break
+    theirs = dict(zmq.zmq_poll(items, 0))
+    assert ours == theirs
+    assert quiet.fd not in ours
+    assert ours[readable.fd] == POLLIN
+    assert ours[writer.fd] == POLLOUT
+    assert ours[hung_up.fd] & POLLIN, "a hang-up is read: receive() then ends the link"
+    with pytest.raises(LinkError):
+        hung_up.receive()
+    assert LinkPoll([(quiet.fd, POLLIN)]).poll(0) == []
+
+
+def test_a_link_poll_reports_a_closed_descriptor_as_an_error(pair):
+    ours, _ = pair()
+    poll = LinkPoll([(ours.fd, POLLIN)])
+    ours.close()  # (the client drops its poll when a link closes; this is the stale case)
+    assert poll.poll(0) == [(ours.fd, POLLERR)]
 
 
 def test_a_frame_beyond_the_limit_ends_the_link(pair):

@@ -35,7 +35,7 @@ from grid.errors import (
     PartlyAppliedError,
     ProtocolError,
 )
-from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError
+from grid.link import POLLERR, POLLIN, POLLOUT, Link, LinkError, LinkPoll
 from grid.partition.table import PartitionTable, PartitionTableError
 
 # The largest reply frame a link takes: a member's own limit on what it is sent.
@@ -50,6 +50,18 @@ Reply = tuple[dict[str, Any], list[bytes]]
 # A partition request: its pids' part of one message, and what to do with the reply.
 BuildRequest = Callable[[list[int]], tuple[dict[str, Any], list[bytes]]]
 HandleReply = Callable[[list[int], dict[str, Any], list[bytes]], None]
+
+
+class _SocketPoll:
+    """zmq_poll over ZeroMQ sockets and descriptors (a request went on a DEALER)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[tuple[Any, int]]) -> None:
+        self.items = items
+
+    def poll(self, timeout_ms: int) -> list[tuple[Any, int]]:
+        return zmq.zmq_poll(self.items, timeout_ms)
 
 
 class Invoker:
@@ -72,8 +84,8 @@ class Invoker:
         self.endpoints: dict[str, str] = {}  # member uuid -> endpoint
         # Each partition's owner endpoint (_owner_list).
         self._owner_endpoints: list[str | None] | None = None
-        # What to poll for replies on the open links, while none waits to write (_polled).
-        self._poll_links: list[tuple[int, int]] | None = None
+        # The poll of the open links for replies, and for writing where one waits to (_poller).
+        self._poll_links: LinkPoll | None = None
         self.pids: dict[str, int] = {}  # endpoint -> member process id (same host)
         self.silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
         self.dead_pids: set[int] = set()  # member processes seen gone: asked no more
@@ -187,29 +199,31 @@ class Invoker:
         ``timeout``), of which ``wanted`` (request id -> endpoint) were sent, some on
         DEALER sockets if ``dealers``, each worked on by ``replicas`` members at once.
         Caller holds the lock."""
-        results: dict[int, Reply] = {}
         if not wanted:
             return [None] * len(rids)
-        deadline = time.monotonic() + timeout
-        sent = time.perf_counter()
+        results: dict[int, Reply] = {}
+        clock = time.perf_counter
+        sent = clock()
+        deadline = sent + timeout
         spin_until = sent + self.busy_poll.budget(kind)  # (grid/busy_poll.py)
         # Spin only while the members still working for us leave this process a core.
         cores = self.spin_cores / replicas
-        polled = self._polled(wanted, dealers)
-        while len(results) < len(wanted):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        poller = self._poller(wanted, dealers)
+        left = len(wanted)
+        while left:
+            now = clock()
+            if now >= deadline:
                 break
             events = None
-            # Not while the members it waits for need every core: spinning would take one.
-            while len(wanted) - len(results) < cores and time.perf_counter() < spin_until:
-                events = zmq.zmq_poll(polled, 0)
-                if events:
-                    break
-                os.sched_yield()  # whoever else wants this core comes first
+            if left < cores:  # not while they need every core: spinning would take one
+                while now < spin_until:
+                    events = poller.poll(0)
+                    if events:
+                        break
+                    os.sched_yield()  # whoever else wants this core comes first
+                    now = clock()
             if not events:
-                slice_ms = int(min(remaining, LIVENESS_CHECK_S) * 1000) + 1
-                events = zmq.zmq_poll(polled, slice_ms)
+                events = poller.poll(int(min(deadline - now, LIVENESS_CHECK_S) * 1000) + 1)
             for sock, mask in events:
                 if sock.__class__ is not int:
                     if mask & POLLIN:
@@ -218,28 +232,31 @@ class Invoker:
                     break  # a link broke: its requests get no reply
             if not events and self._gone(wanted, results):
                 break  # a member we wait for has died: retry elsewhere now
-            if polled is not self._poll_links:
-                polled = self._polled(wanted, dealers)  # a link broke, wrote, or waits to
-        if len(results) == len(wanted):
-            self.busy_poll.record(kind, time.perf_counter() - sent)
-        return [results.get(rid) for rid in rids]
+            if poller is not self._poll_links:
+                poller = self._poller(wanted, dealers)  # a link broke, wrote, or waits to
+            left = len(wanted) - len(results)
+        if not left:
+            self.busy_poll.record(kind, clock() - sent)
+        return list(map(results.get, rids))
 
-    def _polled(self, wanted: dict[int, str], dealers: bool) -> list[Any]:
+    def _poller(self, wanted: dict[int, str], dealers: bool) -> LinkPoll | _SocketPoll:
         """What to poll: every open link (a reply may come from a member other than the one
         asked: a backup answering a write), for writing too while it has bytes to send, and
-        with ``dealers`` the sockets of the requests sent without a link. The links' part is
-        kept from one call to the next (``_poll_links``) until a link opens, closes, or
+        with ``dealers`` the sockets of the requests sent without a link. The links' poll
+        is kept from one call to the next (``_poll_links``) until a link opens, closes, or
         starts or stops waiting to write."""
-        polled = self._poll_links
-        if polled is None:
-            polled = self._poll_links = [(link.fd, POLLIN | (POLLOUT if link.out else 0))
-                                         for link in self.links.values() if not link.closed]
-        if dealers:
-            addresses, links = self.link_addresses, self.links
-            polled = [*polled, *((self.sockets[endpoint], POLLIN)
-                                 for endpoint in set(wanted.values())
-                                 if endpoint not in addresses or endpoint not in links)]
-        return polled
+        links = self._poll_links
+        if links is None:
+            links = self._poll_links = LinkPoll(
+                [(link.fd, POLLIN | (POLLOUT if link.out else 0))
+                 for link in self.links.values() if not link.closed])
+        if not dealers:
+            return links
+        addresses, open_links = self.link_addresses, self.links
+        return _SocketPoll([*links.items, *((self.sockets[endpoint], POLLIN)
+                                            for endpoint in set(wanted.values())
+                                            if endpoint not in addresses
+                                            or endpoint not in open_links)])
 
     def _on_link(self, fd: int, mask: int, wanted: dict[int, str],
                  results: dict[int, Reply]) -> bool:
@@ -397,7 +414,8 @@ class Invoker:
         ``invoke_partitions`` as that call's first attempt, so that retries and what a
         failed write reports are decided in one place."""
         deadline = time.monotonic() + self.invocation_timeout
-        endpoint = self.owner_endpoint(pid) if self.table is not None else None
+        owners = self._owner_endpoints or self._owner_list()
+        endpoint = owners[pid] if owners else None
         first = None
         if endpoint is not None:
             first = self.exchange([(endpoint, op, fields, frames)],

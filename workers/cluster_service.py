@@ -76,8 +76,11 @@ class ClusterService:
         self.lease = MembershipLease(self.config.heartbeat_timeout,
                                      margin_s=self.config.heartbeat_timeout * 0.05)
         self.heard_number: dict[str, int] = {}  # peer -> newest heartbeat number from it
-        # lease_until's last answer: (member list, the lease's changes, until)
-        self._lease_cache: tuple[MemberList | None, int, float] = (None, -1, -math.inf)
+        # lease_until's last answer: (member list, the lease's changes, its master, until)
+        self._lease_cache: tuple[MemberList | None, int, str | None, float] = \
+            (None, -1, None, -math.inf)
+        # is_lite's last answer: (member list, lite); every client request asks it.
+        self._lite_cache: tuple[MemberList | None, bool] = (None, False)
         self.next_table_ask = 0.0
         self.next_lease_ask = 0.0
         self.next_catch_up: dict[str, float] = {}
@@ -173,18 +176,18 @@ class ClusterService:
         if not self.joined or self.recovering:
             return -math.inf
         members = self.members
-        master = members.master
-        if master is None or (master.uuid != self.me and master.uuid in self.dead):
+        cached_members, changes, master, until = self._lease_cache
+        if cached_members is not members or changes != self.lease.changes:
+            master = members.master.uuid if members.members else None
+            if master is None:
+                until = -math.inf
+            elif master == self.me:  # the master: every member could claim mastership
+                until = self.lease.valid_until([u for u in members.uuids if u != self.me])
+            else:
+                until = self.lease.valid_until([master])
+            self._lease_cache = (members, self.lease.changes, master, until)
+        if master != self.me and master in self.dead:
             return -math.inf
-        cached_members, changes, until = self._lease_cache
-        if cached_members is members and changes == self.lease.changes:
-            return until
-        if master.uuid == self.me:  # the master: every member could claim mastership
-            peers = [u for u in members.uuids if u != self.me]
-        else:
-            peers = [master.uuid]
-        until = self.lease.valid_until(peers)
-        self._lease_cache = (members, self.lease.changes, until)
         return until
 
     def ask_for_table(self) -> None:
@@ -234,9 +237,15 @@ class ClusterService:
     @property
     def is_lite(self) -> bool:
         """Whether this member holds no partitions: as the member list says (a promotion
-        changes it), else as it started."""
-        me = self.members.get(self.me)
-        return me.lite if me is not None else self.member.info.lite
+        changes it), else as it started. Kept until the member list (an immutable value,
+        replaced on every change) changes."""
+        members = self.members
+        cached_members, lite = self._lite_cache
+        if cached_members is not members:
+            me = members.get(self.me)
+            lite = me.lite if me is not None else self.member.info.lite
+            self._lite_cache = (members, lite)
+        return lite
 
     def short_of_backups(self) -> int:
         """Partitions with fewer replicas (synchronous and asynchronous) than the data

@@ -62,6 +62,8 @@ PUT_KIND, REMOVE_KIND, CLEAR_KIND, REPLACE_CONTENTS_KIND, SYNC_KIND = (
 BACKUP_KINDS = frozenset({PUT_KIND, REMOVE_KIND, CLEAR_KIND, REPLACE_CONTENTS_KIND, SYNC_KIND})
 # Calls whose answer is the previous value: a resend must be answered with the first one.
 RETURNS_OLD_VALUE = frozenset({p.PUT, p.REMOVE, p.PUT_IF_ABSENT, p.REPLACE})
+VALUE_OPS = frozenset({p.PUT, p.SET, p.PUT_IF_ABSENT, p.REPLACE})  # a key and a value
+READ_KEY_OPS = frozenset({p.GET, p.CONTAINS})
 # Beyond this many remembered invocations (over all partitions) the oldest are forgotten
 # early: a resend of one of those would be applied again.
 MAX_INVOCATION_RECORDS = 250_000
@@ -329,22 +331,22 @@ class MapService:
             self.member.reply_error(ident, header, p.WRONG_TARGET, f"not the owner of {pid}",
                                     rows=self._moved([pid]))
             return
-        needs_value = op in (p.PUT, p.SET, p.PUT_IF_ABSENT, p.REPLACE)
-        if len(frames) != (2 if needs_value else 1):
-            raise ProtocolError(f"{op} takes {2 if needs_value else 1} frames")
+        frames_wanted = 2 if op in VALUE_OPS else 1
+        if len(frames) != frames_wanted:
+            raise ProtocolError(f"{op} takes {frames_wanted} frames")
         key = frames[0]
         store = self.store
         slots = [(pid, ns)]
-        if op in (p.GET, p.CONTAINS) and self.config.migration_stale_read_disabled and \
-                self.member.migrations.migrating(pid):  # (we own it: checked above)
-            self.member.reply_error(ident, header, p.MIGRATING, f"partition {pid} is migrating")
-            return
-        if op == p.GET:
-            value = store.get(pid, ns, key)
-            self._answer_after(ident, header, slots, [] if value is None else [value])
-            return
-        if op == p.CONTAINS:
-            self._answer_after(ident, header, slots, [], found=store.contains(pid, ns, key))
+        if op in READ_KEY_OPS:
+            if self.config.migration_stale_read_disabled and \
+                    self.member.migrations.migrating(pid):  # (we own it: checked above)
+                self.member.reply_error(ident, header, p.MIGRATING,
+                                        f"partition {pid} is migrating")
+            elif op == p.GET:
+                value = store.get(pid, ns, key)
+                self._answer_after(ident, header, slots, [] if value is None else [value])
+            else:  # CONTAINS
+                self._answer_after(ident, header, slots, [], found=store.contains(pid, ns, key))
             return
         iid = self._iid(header)
         if self._resent(ident, header, (pid, ns), iid):

@@ -146,12 +146,13 @@ class Node:
                              expected=cluster, actual=self.config.cluster_name,
                              endpoint=self.info.endpoint)
             return
-        if isinstance(op, str) and op in p.CONTROL_OPS and \
-                not p.has_secret(header, self.config.cluster_secret):
+        if op.__class__ is not str:  # (msgpack gives str itself, never a subclass)
+            raise ProtocolError(f"unknown operation {op!r}")
+        if op in p.CONTROL_OPS and not p.has_secret(header, self.config.cluster_secret):
             log.warning("refused %r from a sender without the cluster secret", op)
             self.reply_error(ident, header, p.AUTH, str(NotAuthorizedError(op)), op=op)
             return
-        handler = self.handlers.get(op) if isinstance(op, str) else None
+        handler = self.handlers.get(op)
         if handler is None:
             raise ProtocolError(f"unknown operation {op!r}")
         handler(ident, header, frames)

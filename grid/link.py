@@ -106,11 +106,17 @@ class LinkPoll:
         """(descriptor, flags) of the ready ones, waiting up to ``timeout_ms`` for one."""
         events = self._poll.poll(timeout_ms)
         for i, (fd, mask) in enumerate(events):
-            if mask != select.POLLIN:  # a hang-up or an error is read as one: receive sees it
-                events[i] = (fd, (POLLIN if mask & _READ_EVENTS else 0)
-                             | (POLLOUT if mask & select.POLLOUT else 0)
-                             | (POLLERR if mask & _ERROR_EVENTS else 0))
+            if mask != select.POLLIN:
+                events[i] = (fd, zmq_flags(mask))
         return events
+
+
+def zmq_flags(mask: int) -> int:
+    """ZeroMQ's poll flags for a poll(2) event mask, or an epoll one (Linux gives epoll's
+    events poll's bits): a hang-up or an error is read as one (receive sees it), and is an
+    error; a descriptor closed meanwhile (POLLNVAL) is an error."""
+    return (POLLIN if mask & _READ_EVENTS else 0) | (POLLOUT if mask & select.POLLOUT else 0) \
+        | (POLLERR if mask & _ERROR_EVENTS else 0)
 
 
 _READ_EVENTS = select.POLLIN | select.POLLHUP

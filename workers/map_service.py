@@ -63,7 +63,7 @@ BACKUP_KINDS = frozenset({PUT_KIND, REMOVE_KIND, CLEAR_KIND, REPLACE_CONTENTS_KI
 # Calls whose answer is the previous value: a resend must be answered with the first one.
 RETURNS_OLD_VALUE = frozenset({p.PUT, p.REMOVE, p.PUT_IF_ABSENT, p.REPLACE})
 VALUE_OPS = frozenset({p.PUT, p.SET, p.PUT_IF_ABSENT, p.REPLACE})  # a key and a value
-READ_KEY_OPS = frozenset({p.GET, p.CONTAINS})
+READ_KEY_OPS = p.KEY_OPS - p.WRITE_KEY_OPS  # get, contains
 # Beyond this many remembered invocations (over all partitions) the oldest are forgotten
 # early: a resend of one of those would be applied again.
 MAX_INVOCATION_RECORDS = 250_000

@@ -24,7 +24,7 @@ from typing import Any
 
 import zmq
 
-from grid.link import POLLERR, POLLIN, POLLOUT
+from grid.link import POLLIN, POLLOUT, zmq_flags
 
 _EVENTS = zmq.EVENTS
 _EPOLLIN = getattr(select, "EPOLLIN", 0)  # (no epoll: zmq.Poller is used)
@@ -86,7 +86,7 @@ class EpollPoller:
         for fd, mask in self._epoll.poll(timeout):
             sock = sockets.get(fd)
             if sock is None:  # a descriptor: mostly a link with a message in
-                ready.append((fd, POLLIN if mask == _EPOLLIN else _zmq_flags(mask)))
+                ready.append((fd, POLLIN if mask == _EPOLLIN else zmq_flags(mask)))
             elif not sock.closed and sock.getsockopt(_EVENTS) & POLLIN \
                     and (sock, POLLIN) not in ready:
                 ready.append((sock, POLLIN))
@@ -104,13 +104,6 @@ class _ZmqPoller(zmq.Poller):
 
     def close(self) -> None:
         pass
-
-
-def _zmq_flags(mask: int) -> int:
-    """ZeroMQ's poll flags for an epoll event mask (a hang-up reads, and is an error)."""
-    return (POLLIN if mask & (select.EPOLLIN | select.EPOLLHUP) else 0) \
-        | (POLLOUT if mask & select.EPOLLOUT else 0) \
-        | (POLLERR if mask & (select.EPOLLERR | select.EPOLLHUP) else 0)
 
 
 def _epoll_flags(flags: int) -> int:

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from workers.poller import POLLERR, POLLIN, POLLOUT, EpollPoller, make_poller
+from grid.link import POLLERR, POLLIN, POLLOUT
+from workers.poller import EpollPoller, make_poller
 
 pytestmark = pytest.mark.skipif(not hasattr(select, "epoll"), reason="needs Linux's epoll")
 

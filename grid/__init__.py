@@ -15,6 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from grid.compiled import install_guard
+
+install_guard()  # a compiled module whose source changed since the build runs from source
+
 if TYPE_CHECKING:
     from grid.client.client import Client, connect
     from grid.config import GridConfig

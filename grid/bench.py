@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from grid.compiled import summary as compiled_summary
+
 BATCH = 100
 OPERATIONS = ("put", "get", f"put_all ({BATCH})", f"get_all ({BATCH})")
 PAUSE_S = 0.5  # between one operation's window and the next
@@ -175,7 +177,8 @@ def _print(per_client: list[list[tuple[str, int, list]]], members: int,
     table = table_class(title=f"{members} members, {clients} client process"
                         f"{'es' if clients > 1 else ''}, {args.keys} keys, "
                         f"{args.value_size}-byte values"
-                        f"{', one hash tag a batch' if args.hash_tags else ''}")
+                        f"{', one hash tag a batch' if args.hash_tags else ''}",
+                        caption=compiled_summary())
     columns = ["operation", "entries/s", "p50 ms", "p99 ms", "calls"]
     if member_cpu is not None:
         columns.append("member CPU µs/entry")

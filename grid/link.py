@@ -35,6 +35,7 @@ import sys
 from collections.abc import Sequence
 
 import zmq
+from mypy_extensions import mypyc_attr
 
 from grid.config import LINK_TRANSPORTS
 
@@ -123,6 +124,7 @@ _READ_EVENTS = select.POLLIN | select.POLLHUP
 _ERROR_EVENTS = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
+@mypyc_attr(native_class=False)  # compiled (grid/compiled.py), it can still be an OSError
 class LinkError(OSError):
     """The link is broken (the peer closed it, or sent what is not a message)."""
 

@@ -4,13 +4,16 @@
     python tools/bench_ab.py HEAD~1 --instructions get      # the client's instructions per get
     python tools/bench_ab.py HEAD~1 --spark 500000 --rounds 2   # tools/bench_spark.py instead
     python tools/bench_ab.py HEAD~1 --local-reads --rounds 4    # clients reading shared memory
+    python tools/bench_ab.py HEAD --pure-base --rounds 4        # what compiling the hot path gives
 
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
 code; the bench's client is that tree's too, or with ``--same-client`` the working tree's),
 and prints the mean of each operation's entries/s per tree and their ratio, and the
 members' CPU per entry and its ratio where both trees' bench gives it. Alternating spreads
-drift in the machine's speed over both sides. With ``--spark ROWS`` each run is instead
+drift in the machine's speed over both sides. The revision's hot path is compiled in its
+worktree as the working tree's is (grid/compiled.py), so that the code is compared, not the
+build; ``--pure-base`` runs it from source instead. With ``--spark ROWS`` each run is instead
 that tree's ``tools/bench_spark.py`` (its connector, with one timed run of each operation)
 against that tree's cluster; its Parquet rows show the drift between runs.
 
@@ -40,6 +43,10 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+
+from worktrees import build
+
+from grid.compiled import PURE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 # operation, entries/s, p50 ms, p99 ms, calls, and the members' CPU µs per entry (newer trees)
@@ -113,10 +120,24 @@ with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
 """
 
 
+PURE_TREES: set[Path] = set()  # trees run from source (--pure-base)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that runs ``tree``'s code: its own modules first, and with
+    ``--pure-base`` for the base, every compiled module from source (grid/compiled.py)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if tree in PURE_TREES:
+        env[PURE_ENV] = "1"
+    else:
+        env.pop(PURE_ENV, None)
+    return env
+
+
 def shmgrid(tree: Path, name: str, *args: str) -> str:
     """``shmgrid ARGS --cluster-name NAME`` run by ``tree``'s code; its output."""
     done = subprocess.run([sys.executable, "-m", "grid", *args, "--cluster-name", name],
-                          cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          cwd=tree, env=tree_env(tree),
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"shmgrid {args[0]} failed in {tree}:\n{done.stderr}")
@@ -147,7 +168,7 @@ def run_spark_once(tree: Path, rows: int) -> dict[str, tuple[float, float, None]
     try:
         done = subprocess.run([sys.executable, str(tree / "tools" / "bench_spark.py"),
                                "--rows", str(rows), "--repeat", "1", "--cluster-name", name],
-                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              cwd=tree, env=tree_env(tree),
                               capture_output=True, text=True, timeout=3600)
     finally:
         shmgrid(tree, name, "stop")
@@ -161,7 +182,7 @@ def client_instructions(tree: Path, cluster: str, op: str, ops: int,
                         hash_tags: bool = False) -> int:
     """Instructions a client of ``tree`` executes to make ``ops`` operations ``op`` (plus
     its start and 20 operations; None of them spin while they wait for a reply)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
+    env = {**tree_env(tree), "AB_CLUSTER": cluster, "AB_OP": op,
            "AB_OPS": str(ops), "SHMGRID_CLIENT_BUSY_POLL_US": "0",
            "AB_TAGS": "1" if hash_tags else "", "AB_TOOLS": str(ROOT / "tools")}
     done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
@@ -175,7 +196,7 @@ def client_instructions(tree: Path, cluster: str, op: str, ops: int,
 
 def local_client(tree: Path, cluster: str, op: str, seconds: float) -> dict:
     """``LOCAL_CLIENT`` run by ``tree``'s code: what it printed."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "AB_CLUSTER": cluster, "AB_OP": op,
+    env = {**tree_env(tree), "AB_CLUSTER": cluster, "AB_OP": op,
            "AB_SECONDS": str(seconds), "AB_TOOLS": str(ROOT / "tools")}
     done = subprocess.run([sys.executable, "-c", LOCAL_CLIENT], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -244,6 +265,9 @@ def main() -> int:
     parser.add_argument("--local-reads", action="store_true",
                         help="compare the clients' reads from shared memory instead (both "
                              "trees' clients against one cluster of the working tree)")
+    parser.add_argument("--pure-base", action="store_true",
+                        help="run the revision from source (SHMGRID_PURE_PYTHON=1) instead "
+                             "of compiling it: with HEAD, what the compiled hot path gives")
     parser.add_argument("--ops", type=int, default=None,
                         help="operations counted with --instructions (default 1000, "
                              "100 for batches)")
@@ -255,6 +279,10 @@ def main() -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.revision],
                        cwd=ROOT, check=True, capture_output=True)
         try:
+            if args.pure_base:
+                PURE_TREES.add(base)
+            else:
+                build(base)
             if args.instructions:
                 ops = args.ops or (100 if args.instructions.endswith("_all") else 1000)
                 counted = compare_instructions(base, args.instructions, ops, args.hash_tags)

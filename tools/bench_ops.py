@@ -342,6 +342,8 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from grid.compiled import summary as compiled_summary
+
     keys = [f"key-{i}" for i in range(args.keys)]
     value = os.urandom(args.value_size)
     with ExitStack() as stack:
@@ -361,7 +363,7 @@ def main() -> int:
             f"{args.seconds:g} s each"
     if theirs:
         title += f", in {args.rounds} turns a side, alternately"
-    table = Table(title=title)
+    table = Table(title=title, caption=compiled_summary())
     for col in ("workload", "shmgrid", "entries/s", "p50 µs", *(
             ("Redis Cluster", "entries/s", "p50 µs", "ratio", "ratio by turn") if theirs
             else ())):

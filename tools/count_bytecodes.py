@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# A compiled module (grid/compiled.py) runs no bytecode: counted, every one runs from source.
+PURE_ENV = "SHMGRID_PURE_PYTHON"
 OPS = ("get", "put", "get_all", "put_all", "remove")
 # Run by the tree being counted (its own code, its own cluster); prints a JSON result.
 COUNTER = r"""
@@ -111,7 +113,8 @@ def count(tree: Path, op: str, ops: int) -> dict[str, collections.Counter[str]]:
     ``tree``'s code."""
     with tempfile.TemporaryDirectory(prefix="shmgrid-bytecodes-") as folder:
         done = subprocess.run([sys.executable, "-c", COUNTER, op, str(ops), folder],
-                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree),
+                                             PURE_ENV: "1"},
                               capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"counting in {tree} failed:\n{done.stderr[-3000:]}")

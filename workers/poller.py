@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import select
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -45,7 +45,7 @@ class EpollPoller:
 
     def register(self, target: zmq.Socket | int, flags: int = POLLIN) -> None:
         if isinstance(target, zmq.Socket):
-            fd = target.getsockopt(zmq.FD)
+            fd = cast(int, target.getsockopt(zmq.FD))
             self._sockets[fd] = target
             self._epoll.register(fd, select.EPOLLIN)
             self._unread.add(target)  # whatever came before it was registered
@@ -77,19 +77,19 @@ class EpollPoller:
         if self._unread:
             unread, self._unread = self._unread, set()
             for sock in unread:
-                if not sock.closed and sock.getsockopt(_EVENTS) & POLLIN:
+                if not sock.closed and cast(int, sock.getsockopt(_EVENTS)) & POLLIN:
                     ready.append((sock, POLLIN))
             if ready:
                 timeout_ms = 0
         timeout = -1 if timeout_ms is None else timeout_ms / 1000
         sockets = self._sockets
         for fd, mask in self._epoll.poll(timeout):
-            sock = sockets.get(fd)
-            if sock is None:  # a descriptor: mostly a link with a message in
+            zsock = sockets.get(fd)
+            if zsock is None:  # a descriptor: mostly a link with a message in
                 ready.append((fd, POLLIN if mask == _EPOLLIN else zmq_flags(mask)))
-            elif not sock.closed and sock.getsockopt(_EVENTS) & POLLIN \
-                    and (sock, POLLIN) not in ready:
-                ready.append((sock, POLLIN))
+            elif not zsock.closed and cast(int, zsock.getsockopt(_EVENTS)) & POLLIN \
+                    and (zsock, POLLIN) not in ready:
+                ready.append((zsock, POLLIN))
         return ready
 
     def close(self) -> None:

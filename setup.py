@@ -2,37 +2,59 @@
 and why). Everything else about the package is in pyproject.toml.
 
 The compiled modules are optional: with ``SHMGRID_PURE_PYTHON=1`` set for the install, or
-where mypyc or a C compiler is missing, the same modules run from source.
+where mypyc or a C compiler is missing, or any of them fails to compile, they all run from
+source.
 """
 
 import os
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+COMPILED = runpy.run_path(str(ROOT / "grid" / "compiled.py"))  # (the standard library only)
+
+
+class BuildAllOrNone(build_ext):
+    """Builds the compiled modules, and records their sources' hashes (which lets them run)
+    only if every one was built: mypyc puts their code in one shared library beside a small
+    module each, and a module without it would fail to import."""
+
+    def run(self) -> None:
+        record = ROOT / "grid" / COMPILED["RECORD_NAME"]
+        record.unlink(missing_ok=True)
+        super().run()
+        built = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions]
+        if all(path.exists() for path in built):
+            COMPILED["write_record"](ROOT)
+            if not self.inplace:  # a wheel: the record goes with the modules
+                shutil.copy(record, Path(self.build_lib) / "grid" / record.name)
+            return
+        for path in built:
+            path.unlink(missing_ok=True)
+        print("shmgrid: the hot path did not compile; it runs from source", file=sys.stderr)
 
 
 def compiled_extensions() -> list:
-    if os.environ.get("SHMGRID_PURE_PYTHON", "") not in ("", "0"):
+    if os.environ.get(COMPILED["PURE_ENV"], "") not in ("", "0"):
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
         print("shmgrid: mypyc is not installed; the hot path runs from source", file=sys.stderr)
         return []
-    compiled = runpy.run_path(str(ROOT / "grid" / "compiled.py"))  # (the standard library only)
-    compiled["write_record"](ROOT)
     # Only the compiled modules are type-checked, and what they import is taken as typed
     # where it is typed: the build must not depend on which stubs the machine has.
     extensions = mypycify(["--ignore-missing-imports", "--follow-imports=silent",
-                           *(str(compiled["source_path"](module, Path(".")))
-                             for module in compiled["COMPILED_MODULES"])], opt_level="3")
+                           *(str(COMPILED["source_path"](module, Path(".")))
+                             for module in COMPILED["COMPILED_MODULES"])], opt_level="3")
     for extension in extensions:
         extension.optional = True  # a failed compile leaves the source to run
     return extensions
 
 
-setup(ext_modules=compiled_extensions())
+setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": BuildAllOrNone})

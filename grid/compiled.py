@@ -1,9 +1,9 @@
 """The hot path compiled: which modules ``setup.py`` builds with mypyc, and the guard that
 keeps a stale build from running.
 
-A message through a member or the client spends most of its time in a few small modules:
-the link's framing, the protocol's headers, the busy-poll policy, the member's poller and
-a backup's parts. mypyc compiles them to C extensions from the same
+A message through a member or the client spends much of its time in a few modules: the
+member's loop, the link's framing, the protocol's headers, the busy-poll policy, the member's
+poller and a backup's parts. mypyc compiles them to C extensions from the same
 source (no second implementation; the source stays the reference, and runs as it is where
 no build was made). ``tools/bench_ab.py HEAD --pure-base`` measures what it gives.
 
@@ -40,6 +40,7 @@ COMPILED_MODULES = (
     "grid.busy_poll",
     "workers.poller",
     "workers.backup_parts",
+    "workers.member",
 )
 RECORD_NAME = "_compiled.json"  # beside this file: {module: sha256 of its source at build}
 PURE_ENV = "SHMGRID_PURE_PYTHON"

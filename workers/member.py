@@ -260,7 +260,7 @@ class Member(Node):
                 if sock is self.router:
                     self._drain(sock, self._on_router_message)
                 elif sock is self.supervisor:
-                    self._drain(sock, lambda frames: None)
+                    self._drain(self.supervisor, lambda frames: None)
                 else:
                     self._drain(sock, self.on_reply)
                 if not self.running:
@@ -434,7 +434,9 @@ def run_member(config_dict: dict[str, Any], name: str, join_endpoints: list[str]
                         ACK_EARLY_ENV)
             member.maps.ack_early = True
         # SIGTERM: leave gracefully (the master moves our replicas away, then removes us).
-        signal.signal(signal.SIGTERM, lambda *_: member.cluster.request_leave())
+        # (Named arguments, not ``*_``: mypyc mis-compiles a lambda of only ``*args``.)
+        leave = member.cluster.request_leave
+        signal.signal(signal.SIGTERM, lambda _signal, _frame: leave())
         ready.send({"uuid": member.info.uuid, "endpoint": member.info.endpoint,
                     "pid": os.getpid()})
         ready.close()

@@ -61,7 +61,7 @@ class ReplicaSyncService:
         return {p.REPLICA_VERSIONS: self._on_versions, p.REPLICA_SYNC: self._on_sync,
                 p.REPLICA_SYNC_DONE: self._on_done}
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
         return {"dirty": self.member.maps.versions.dirty_count(),
                 "syncs_in_flight": self.requests.in_flight + len(self.lent),
                 "syncs_waiting": self.requests.waiting, "synced": self.synced,

@@ -33,6 +33,7 @@ import socket
 import struct
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 from mypy_extensions import mypyc_attr
@@ -50,8 +51,9 @@ UNIX_PREFIX = "unix:@"
 ABSTRACT_UNIX = sys.platform.startswith("linux")
 
 
-def encode(frames: Sequence[bytes]) -> bytes:
-    """One message, as it goes on the wire."""
+def encode(frames: Sequence[Any]) -> bytes:
+    """One message, as it goes on the wire. Frames are bytes-like (typed Any, not bytes: the
+    compiled module would refuse a view at run time where the source takes it)."""
     if len(frames) == 2:  # most requests and replies: a header, and a key or a value
         head, body = frames
         return b"".join((FRAME.pack(len(head), 1), head, FRAME.pack(len(body), 0), body))
@@ -169,7 +171,7 @@ class Link:
     def wants_write(self) -> bool:
         return bool(self.out)
 
-    def send(self, frames: Sequence[bytes]) -> bool:
+    def send(self, frames: Sequence[Any]) -> bool:
         """Queue one message and send what the socket takes now. False if the link is
         broken: the message is lost, as is anything still queued."""
         if self.closed:

@@ -264,3 +264,15 @@ def test_an_endpoint_zeromq_refuses_leaves_no_socket_to_wait_for():
     closing.start()
     closing.join(5)
     assert not closing.is_alive(), "closing the client hangs"
+
+
+def test_frames_may_be_any_bytes_like_object(pair):
+    """A frame may be bytes, a bytearray or a view (a value straight from a buffer), in the
+    compiled link as in its source (grid/compiled.py); what comes out is bytes."""
+    ours, theirs = pair()
+    sent = [[b"head", bytearray(b"array")], [b"head", memoryview(b"a view"), bytearray(b"")],
+            [memoryview(b"alone")]]
+    for message in sent:
+        assert ours.send(message)
+    assert take(theirs, len(sent), ours) == [[bytes(frame) for frame in message]
+                                              for message in sent]

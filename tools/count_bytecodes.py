@@ -33,9 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grid.compiled import PURE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
-# A compiled module (grid/compiled.py) runs no bytecode: counted, every one runs from source.
-PURE_ENV = "SHMGRID_PURE_PYTHON"
 OPS = ("get", "put", "get_all", "put_all", "remove")
 # Run by the tree being counted (its own code, its own cluster); prints a JSON result.
 COUNTER = r"""
@@ -112,6 +112,7 @@ def count(tree: Path, op: str, ops: int) -> dict[str, collections.Counter[str]]:
     """Bytecodes per ``op`` of the client and of all members, by function, counted by
     ``tree``'s code."""
     with tempfile.TemporaryDirectory(prefix="shmgrid-bytecodes-") as folder:
+        # A compiled module (grid/compiled.py) runs no bytecode: every one runs from source.
         done = subprocess.run([sys.executable, "-c", COUNTER, op, str(ops), folder],
                               cwd=tree, env={**os.environ, "PYTHONPATH": str(tree),
                                              PURE_ENV: "1"},

@@ -151,7 +151,7 @@ class Member(Node):
             self.poller.unregister(sock)
             sock.close(0)
 
-    def send_peer(self, key: str, frames: list[bytes]) -> bool:
+    def send_peer(self, key: str, frames: list[Any]) -> bool:
         address = self.link_addresses.get(key)
         if address is not None:
             link = self.peer_links.get(key)

@@ -10,9 +10,10 @@ no build was made). ``tools/bench_ab.py HEAD --pure-base`` measures what it give
 An editable install (``pip install -e .``) puts each compiled module next to its source, and
 Python prefers the compiled one. A source edited since the build would then not run: so the
 build records each module's source hash (``_compiled.json``), and ``install_guard``, run
-when ``grid`` (or ``workers``) is first imported, sends the import of a module whose source
-changed to the source. ``SHMGRID_PURE_PYTHON=1`` sends every one there (for comparisons,
-and for debugging with the source's tracebacks). ``pip install -e .`` rebuilds.
+when ``grid`` (or ``workers``) is first imported, sends the imports of every compiled module
+to its source once any source changed (all or none: the compiled modules import each other
+inside their shared library, past the guard). ``SHMGRID_PURE_PYTHON=1`` does the same (for
+comparisons, and for debugging with the source's tracebacks). ``pip install -e .`` rebuilds.
 
 This file is read by ``setup.py`` before anything is installed: it imports the standard
 library only.
@@ -73,16 +74,17 @@ def read_record(root: Path = ROOT) -> dict[str, str] | None:
 
 def sources_to_run(record: dict[str, str] | None, root: Path = ROOT,
                    pure: bool = False) -> dict[str, Path]:
-    """The compiled modules that must run from source: all with ``pure``; else those whose
-    source is not the one compiled (edited since, or no record of the build)."""
-    to_run = {}
-    for module in COMPILED_MODULES:
-        path = source_path(module, root)
-        if not path.exists():
-            continue
-        if pure or record is None or record.get(module) != source_hash(path):
-            to_run[module] = path
-    return to_run
+    """The compiled modules that must run from source: all of them, or none. A compiled
+    module imports the others from their shared library, past any import finder, so one
+    changed source would still run compiled wherever a compiled module imports it. All run
+    from source when any source is not the one compiled (edited since, or no record of a
+    build), and with ``pure``."""
+    sources = {module: source_path(module, root) for module in COMPILED_MODULES}
+    sources = {module: path for module, path in sources.items() if path.exists()}
+    if pure or record is None or any(record.get(module) != source_hash(path)
+                                     for module, path in sources.items()):
+        return sources
+    return {}
 
 
 class SourceFirst(importlib.abc.MetaPathFinder):
@@ -118,19 +120,18 @@ def install_guard(root: Path = ROOT, record: dict[str, str] | None = None) -> So
 
 
 def status() -> dict[str, str]:
-    """Each compiled module's state in this process: "compiled", "source" (no build, or
-    ``SHMGRID_PURE_PYTHON``), or "stale build" (its source changed since the build, so the
-    source runs: ``pip install -e .`` rebuilds). Imports them."""
-    pure = _pure()
-    record = read_record()
+    """Each compiled module's state in this process: "compiled", "changed" (its source
+    changed since the build: every compiled module then runs from source, and ``pip install
+    -e .`` rebuilds), or "source" (no build, ``SHMGRID_PURE_PYTHON``, or another module
+    changed). Imports them."""
+    record = read_record() or {}
     out = {}
     for module in COMPILED_MODULES:
         origin = importlib.import_module(module).__file__ or ""
         if not origin.endswith(".py"):
             out[module] = "compiled"
-        elif not pure and record is not None and module in record \
-                and record[module] != source_hash(Path(origin)):
-            out[module] = "stale build"
+        elif module in record and record[module] != source_hash(Path(origin)):
+            out[module] = "changed"
         else:
             out[module] = "source"
     return out
@@ -140,10 +141,11 @@ def summary() -> str:
     """One line for benchmark output: how much of the hot path runs compiled."""
     states = status()
     compiled = sum(state == "compiled" for state in states.values())
-    stale = [module for module, state in states.items() if state == "stale build"]
+    changed = [module for module, state in states.items() if state == "changed"]
     line = f"hot path: {compiled} of {len(states)} modules compiled"
-    if stale:
-        line += f" ({', '.join(stale)} changed since the build: pip install -e . rebuilds)"
+    if changed:
+        line += (f" ({', '.join(changed)} changed since the build, so all run from source: "
+                 "pip install -e . rebuilds)")
     elif not compiled:
         line += (f" ({PURE_ENV} is set)" if _pure()
                  else " (no compiled build: pip install -e . makes one)")

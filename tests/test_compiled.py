@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import psutil
 import pytest
 
 from grid import compiled
@@ -58,33 +60,71 @@ def test_pure_python_runs_every_hot_module_from_source() -> None:
 
 
 def test_which_sources_run_follows_the_record() -> None:
-    """A module runs from source when the build recorded another source, or none."""
+    """All compiled modules run from source, or none: all when the build recorded another
+    source for any of them, or none, or with ``pure``."""
     record = {module: compiled.source_hash(compiled.source_path(module))
               for module in compiled.COMPILED_MODULES}
+    everything = {module: compiled.source_path(module) for module in compiled.COMPILED_MODULES}
     assert compiled.sources_to_run(record) == {}
-    edited = dict(record, **{"grid.link": "0" * 64})
-    assert compiled.sources_to_run(edited) == {"grid.link": compiled.source_path("grid.link")}
+    assert compiled.sources_to_run(dict(record, **{"grid.link": "0" * 64})) == everything
     missing = {k: v for k, v in record.items() if k != "grid.protocol"}
-    assert list(compiled.sources_to_run(missing)) == ["grid.protocol"]
-    assert list(compiled.sources_to_run(None)) == list(compiled.COMPILED_MODULES)
-    assert list(compiled.sources_to_run(record, pure=True)) == list(compiled.COMPILED_MODULES)
+    assert compiled.sources_to_run(missing) == everything
+    assert compiled.sources_to_run(None) == everything
+    assert compiled.sources_to_run(record, pure=True) == everything
 
 
-def test_a_module_edited_since_the_build_runs_from_source() -> None:
-    """The guard, installed before ``grid`` is imported with a record that says every source
-    changed, loads each source; the same child with the build's record loads the compiled
-    ones (so the guard is what made the difference)."""
+@pytest.mark.parametrize("first", ["grid.link", "workers.member"])
+def test_a_module_edited_since_the_build_runs_from_source(first: str) -> None:
+    """The guard, installed before ``grid`` is imported with a record that says one source
+    (the link's) changed, loads every source, also where a compiled module would import the
+    link first (the member's loop: compiled modules import each other past import finders);
+    the same child with the build's record loads the compiled ones, so the guard is what made
+    the difference."""
     if not _built():
         pytest.skip("no compiled build to guard against (see test_a_build_...)")
-    code = """
-        import importlib, runpy
+    code = f"""
+        import importlib, runpy, sys
         guard = runpy.run_path("grid/compiled.py")
-        guard["install_guard"](record={RECORD})
+        guard["install_guard"](record={{RECORD}})
+        importlib.import_module({first!r})
         for module in guard["COMPILED_MODULES"]:
-            print(module, importlib.import_module(module).__file__)
+            print(module, sys.modules[module].__file__ if module in sys.modules
+                  else importlib.import_module(module).__file__)
         """
-    stale = _import_in_child(code.replace(
-        "{RECORD}", repr(dict.fromkeys(compiled.COMPILED_MODULES, "0" * 64))))
+    edited = dict(compiled.read_record(), **{"grid.link": "0" * 64})
+    stale = _import_in_child(code.replace("{RECORD}", repr(edited)))
     assert all(origin.endswith(".py") for origin in stale[1::2]), stale
     fresh = _import_in_child(code.replace("{RECORD}", repr(compiled.read_record())))
     assert not any(origin.endswith(".py") for origin in fresh[1::2]), fresh
+
+
+def _maps_compiled_code(pid: int) -> bool:
+    """Whether a process has loaded the compiled modules' shared library (mypyc's
+    ``<hash>__mypyc`` beside the packages), from its memory map."""
+    return any(Path(mapping.path).name.split(".")[0].endswith("__mypyc")
+               and Path(mapping.path).parent == ROOT
+               for mapping in psutil.Process(pid).memory_maps())
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "source"])
+def test_members_run_the_build_or_the_source_and_serve_either_way(cluster_factory, monkeypatch,
+                                                                   pure):
+    """Members started by ``shmgrid start`` run the compiled modules, or with
+    SHMGRID_PURE_PYTHON=1 their sources (the compiled code not even loaded), and serve the
+    same."""
+    if pure:
+        monkeypatch.setenv(compiled.PURE_ENV, "1")
+    elif not _built():
+        pytest.skip("no compiled build (see test_a_build_...)")
+    else:
+        monkeypatch.delenv(compiled.PURE_ENV, raising=False)
+    cluster = cluster_factory(members=2)
+    with cluster.connect() as client:
+        pids = [member.pid for member in client.cluster.members]
+        assert [_maps_compiled_code(pid) for pid in pids] == [not pure] * len(pids)
+        m = client.get_map("either-way")
+        m.put_all({f"k{i}": bytes([i]) * 100 for i in range(200)})
+        assert m.get_all([f"k{i}" for i in range(200)]) == {f"k{i}": bytes([i]) * 100
+                                                            for i in range(200)}
+        assert m.put("k1", b"new") == b"\x01" * 100 and m.get("k1") == b"new"
+        assert m.remove("k2") == b"\x02" * 100 and m.get("k2") is None

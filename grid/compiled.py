@@ -104,7 +104,7 @@ class SourceFirst(importlib.abc.MetaPathFinder):
 _guard: SourceFirst | None = None
 
 
-def _pure() -> bool:
+def pure_python() -> bool:
     return os.environ.get(PURE_ENV, "") not in ("", "0")
 
 
@@ -114,7 +114,7 @@ def install_guard(root: Path = ROOT, record: dict[str, str] | None = None) -> So
     global _guard
     if _guard is None:
         _guard = SourceFirst(sources_to_run(record if record is not None else read_record(root),
-                                            root, _pure()))
+                                            root, pure_python()))
         sys.meta_path.insert(0, _guard)
     return _guard
 
@@ -147,6 +147,6 @@ def summary() -> str:
         line += (f" ({', '.join(changed)} changed since the build, so all run from source: "
                  "pip install -e . rebuilds)")
     elif not compiled:
-        line += (f" ({PURE_ENV} is set)" if _pure()
+        line += (f" ({PURE_ENV} is set)" if pure_python()
                  else " (no compiled build: pip install -e . makes one)")
     return line

@@ -1,5 +1,5 @@
 """The compiled hot path (grid/compiled.py): a build compiles it, and a source edited since
-the build, or SHMGRID_PURE_PYTHON, runs the source instead of the stale compiled module."""
+the build, or SHMGRID_PURE_PYTHON, runs every compiled module from its source instead."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ def _origins(**env: str) -> dict[str, str]:
 
 
 def _built() -> bool:
-    return compiled.read_record() is not None and not compiled._pure()
+    return compiled.read_record() is not None and not compiled.pure_python()
 
 
 def test_a_build_compiles_every_hot_module() -> None:
     """``pip install -e .`` (the README's set-up, and CI's) runs the hot path compiled: in
     this process, and in a fresh one (a member's)."""
-    if compiled._pure():
+    if compiled.pure_python():
         pytest.skip(f"{compiled.PURE_ENV} is set: the hot path runs from source on purpose")
     assert compiled.read_record() is not None, \
         "no compiled build (grid/_compiled.json is missing): pip install -e . makes one"

@@ -105,6 +105,7 @@ _guard: SourceFirst | None = None
 
 
 def pure_python() -> bool:
+    """Whether ``SHMGRID_PURE_PYTHON`` asks for every compiled module to run from source."""
     return os.environ.get(PURE_ENV, "") not in ("", "0")
 
 

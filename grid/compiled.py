@@ -32,9 +32,13 @@ from pathlib import Path
 from typing import Any
 
 # The modules compiled, as module names; each one's source is its path under the project.
-# The reply order and the invocation records, also on every write's path, stay Python: the
-# simulation's checks and its broken-protocol tests replace their methods, and a compiled
-# class calls its own methods directly.
+# The map service, the record store and the invocation records are on every write's path:
+# the simulation watches them, and its broken-protocol tests break them, through Python
+# subclasses (a compiled class's methods cannot be replaced, but it may allow subclasses).
+# Those tests also replace the reply order's tickets' readiness and the chain's rules
+# (grid/cluster/reply_order.py, chain.py), which stay Python: compiled code would call them
+# directly. The member's request dispatch (workers/node.py) stays Python: the simulation's
+# nodes derive from it, and compiled as a plain class it ran no faster.
 COMPILED_MODULES = (
     "grid.link",
     "grid.protocol",
@@ -42,6 +46,10 @@ COMPILED_MODULES = (
     "workers.poller",
     "workers.backup_parts",
     "workers.member",
+    "workers.map_service",
+    "workers.record_store",
+    "grid.cluster.invocations",
+    "grid.cluster.replication",
 )
 RECORD_NAME = "_compiled.json"  # beside this file: {module: sha256 of its source at build}
 PURE_ENV = "SHMGRID_PURE_PYTHON"

@@ -30,10 +30,13 @@ import itertools
 import logging
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import and_, lt, rshift
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from grid import protocol as p
 from grid.cluster.chain import ClientConnections, backup_may_answer_batch, owner_may_chain
@@ -124,7 +127,12 @@ def _items_frame(parts: list[list[bytes]]) -> bytes:
     return p.pack_items(parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts)))
 
 
+# The simulation watches it, and its broken-protocol tests break it, through subclasses
+# (tests/cluster/sim.py): compiled (grid/compiled.py), it must let Python subclass it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MapService:
+    records_class: ClassVar[type[InvocationRecords]] = InvocationRecords
+
     def __init__(self, member: Node) -> None:
         self.member = member
         self.store = member.store
@@ -134,8 +142,8 @@ class MapService:
         self.inbox = BackupInbox()
         # A client resends within its invocation timeout of its first attempt, and a record
         # is made after that attempt arrived: keep records that long.
-        self.records = InvocationRecords(keep_s=self.config.invocation_timeout,
-                                         max_records=MAX_INVOCATION_RECORDS)
+        self.records = self.records_class(keep_s=self.config.invocation_timeout,
+                                          max_records=MAX_INVOCATION_RECORDS)
         self.order = ReplyOrder(on_idle=self._on_slots_idle)
         self.in_flight: dict[str, list[Ticket]] = {}  # invocation id -> its writes under way
         self.op_tickets: dict[tuple[str, int], Ticket] = {}  # (backup, stream seq) -> ticket
@@ -278,9 +286,10 @@ class MapService:
         journal = self.member.journal
         if journal is None:
             return
-        if journal.log.failure is not None:
+        failure = None if journal.log is None else journal.log.failure
+        if failure is not None:
             for ticket in self.durable_waiting:
-                ticket.fail(p.SERVER, f"the member's log failed: {journal.log.failure}")
+                ticket.fail(p.SERVER, f"the member's log failed: {failure}")
         durable = journal.durable_seq
         waiting = self.durable_waiting
         while waiting and (waiting[0].log_seq <= durable or waiting[0].failed):
@@ -495,7 +504,7 @@ class MapService:
         limit = self.config.max_value_bytes
         if len(frames[0]) > limit:  # else no entry of the payload can be larger
             for group in groups.values():
-                size = group.largest() if group.__class__ is RecordBlock else max(
+                size = group.largest() if isinstance(group, RecordBlock) else max(
                     (len(group[i]) + len(group[i + 1]) for i in range(0, len(group), 2)),
                     default=0)
                 if size > limit:
@@ -552,7 +561,8 @@ class MapService:
         pids, keys = header.get("pids"), None
         if pids.__class__ is list and len(frames) == 1:
             keys = p.unpack_items(frames[0])
-        if keys is None or len(pids) != len(keys) and not (len(pids) == 1 and keys):
+        if not isinstance(pids, list) or keys is None \
+                or len(pids) != len(keys) and not (len(pids) == 1 and keys):
             raise ProtocolError("a get_all needs a partition id per key (or one for all of "
                                 "them) and one payload")
         if pids and (not set(map(type, pids)) <= {int}  # (type: a bool is no partition id)
@@ -594,7 +604,7 @@ class MapService:
         for pid in owned:
             if budget is None:
                 data, records = self.store.concatenated(pid, ns)
-            elif budget <= 0 or (budget < max_bytes and low_of[pid] == 0
+            elif budget <= 0 or (max_bytes is not None and budget < max_bytes and low_of[pid] == 0
                                  and self.store.live_bytes(pid, ns) > budget):
                 # The reply is full, or too full for this partition to start in it: it waits
                 # for a reply of its own, where it comes whole if it fits in max_bytes.
@@ -621,7 +631,7 @@ class MapService:
         return sync, asynchronous
 
     def _replicate(self, ticket: Ticket, ns: str, kind: str,
-                   items_by_pid: dict[int, list[bytes]], iid: str | None, want_old: bool,
+                   items_by_pid: dict[int, Any], iid: str | None, want_old: bool,
                    target: str | None = None, chain: list[Any] | None = None) -> None:
         """Send one backup operation per backup member (on its ordered stream, if it is a
         synchronous one); the ticket is answered when the synchronous ones applied it.
@@ -687,13 +697,13 @@ class MapService:
         if iid is not None and items_by_pid:
             ticket.iid = iid
             self.in_flight.setdefault(iid, []).append(ticket)
-        if durable_wait and journal.last_seq > journal.durable_seq:  # type: ignore[union-attr]
+        if durable_wait and journal is not None and journal.last_seq > journal.durable_seq:
             ticket.log_seq = journal.last_seq  # answered once the log has it on disk
             self.durable_waiting.append(ticket)
         self.order.enqueue(ticket)
         now = self.member.now()
         vector_of = dict(zip(pids, vectors, strict=True))
-        target_of = None if target is None else dict(zip(pids, targets, strict=True))
+        target_of = None if targets is None else dict(zip(pids, targets, strict=True))
 
         def packed(group: tuple[list[int], list[Any]]) -> dict[str, Any]:
             group_pids = group[0]
@@ -1114,7 +1124,7 @@ class MapService:
             row = rows[pid]
             indexes.append(row.index(me) if row[0] == sender and me in row else 0)
         iid, want_old = header.get("iid"), header.get("old", False)
-        answer = header.get("answer")
+        answer: Any = header.get("answer")
         answer_pid = None if answer is None else answer[0]
         now = self.member.now()
         # A steady stream: a put of partitions we all back up for the sender, each the next
@@ -1126,7 +1136,7 @@ class MapService:
                 and (len(items) == 2 and len(pids) == 1 or not want_old and answer_pid is None) \
                 and self.member.syncs.requests.pending.keys().isdisjoint(pids) \
                 and self.versions.apply_in_sequence(ns, pids, indexes, parts.versions):
-            old = None
+            old: Any = None  # (later what _decided returns: NOT_APPLIED too)
             try:
                 if items.__class__ is RecordBlock:
                     self.store.put_groups(ns, list(zip(pids, _cut(items, counts), strict=True)))
@@ -1243,7 +1253,8 @@ class MapService:
         self.chained_answers += 1
         return True
 
-    def _decide_and_apply(self, pid: int, index: int, ns: str, kind: str, chunk: list[bytes],
+    def _decide_and_apply(self, pid: int, index: int, ns: str, kind: str,
+                          chunk: list[bytes] | RecordBlock,
                           versions: list[int], target_versions: list[int] | None,
                           replay: bool = False) -> Any:
         """Seed 004's backup rules for one operation (``_decided``). Returns what the
@@ -1253,15 +1264,16 @@ class MapService:
                              replay)
 
     def _decided(self, decision: BackupDecision, pid: int, index: int, ns: str, kind: str,
-                 chunk: list[bytes], versions: list[int], target_versions: list[int] | None,
+                 chunk: list[bytes] | RecordBlock, versions: list[int],
+                 target_versions: list[int] | None,
                  replay: bool = False) -> Any:
         """Seed 004's backup rules, once the versions decided: apply an operation newer than
         this replica's version (its versions are taken), ignore an older one (a replica
         sync brought it already); a gap or a dirty replica asks the owner for a replica
         sync. Returns what the operation returned, or NOT_APPLIED."""
         requests = self.member.syncs.requests
-        if chunk.__class__ is RecordBlock:  # records, taken here one at a time
-            chunk = chunk.items()  # type: ignore[attr-defined]
+        if isinstance(chunk, RecordBlock):  # records, taken here one at a time
+            chunk = chunk.items()
         in_sequence = decision is BackupDecision.APPLY  # (nearly always: no checks then)
         if not in_sequence and decision.request_sync:
             if decision is BackupDecision.APPLY_DIRTY:
@@ -1344,13 +1356,21 @@ class MapService:
             chunk.vectors[ns] = list(self.versions.get(pid, ns))
             theirs = MerkleTree.from_nodes(depth, trees[ns])
             chunk.roots[ns] = theirs.root
-            leaves, _ = diff_leaves(theirs, self.store.tree(pid, ns))
+            leaves, _ = diff_leaves(theirs, self._tree(pid, ns))
             pairs = self.store.leaf_entries(pid, ns, leaves)
             chunk.leaves[ns] = leaves
             chunk.items += section(ns, pairs)
             chunk.entries += len(pairs)
             chunk.size += sum(len(k) + len(v) for k, v in pairs)
         return chunk
+
+    def _tree(self, pid: int, ns: str) -> MerkleTree:
+        """A fragment's Merkle tree, where differences are taken: members that keep none
+        (``merkle_tree_depth`` 0) never ask for them."""
+        tree = self.store.tree(pid, ns)
+        if tree is None:
+            raise ProtocolError("differences asked of a member that keeps no Merkle trees")
+        return tree
 
     def lend_namespaces(self, pid: int, namespaces: list[str], max_bytes: float
                         ) -> tuple[list[FragmentChunk], list[FragmentLoan]]:
@@ -1382,13 +1402,14 @@ class MapService:
 
     def take_chunk(self, pid: int, parts: list[dict[str, Any]], vectors: dict[str, Any],
                    index: int, leaves: dict[str, list[int]] | None = None,
-                   items: list[bytes] = (), roots: dict[str, int] | None = None) -> None:
+                   items: Sequence[bytes] = (), roots: dict[str, int] | None = None) -> None:
         """Store one chunk that ``lend_namespaces`` (or ``diff_namespaces``: ``leaves``, their
         entries in ``items``, and the ``roots`` they apply to) made, with its versions at
         replica ``index``."""
         if leaves and (not isinstance(roots, dict) or set(roots) != set(leaves)):
             raise ProtocolError("differences name the tree roots they apply to")
-        if leaves and any(self.store.tree(pid, ns).root != root for ns, root in roots.items()):
+        if leaves and roots is not None \
+                and any(self._tree(pid, ns).root != root for ns, root in roots.items()):
             raise ValueError("what the differences were taken against changed here")
         for ns, vector in vectors.items():
             self.versions.set(pid, ns, vector, index)

@@ -37,6 +37,11 @@ class Node:
     """Transport-independent member. Subclasses provide the clock and the five transport
     methods: connect_peer, disconnect_peer, send_peer, reply, notify_supervisor."""
 
+    # What holds the data and serves the maps: the simulation's nodes use subclasses that
+    # watch them (tests/cluster/sim.py).
+    store_class: type[RecordStore] = RecordStore
+    map_service_class: type[MapService] = MapService
+
     def __init__(self, config: GridConfig, info: MemberInfo, join_endpoints: list[str],
                  journal: Journal | None = None) -> None:
         self.config = config
@@ -45,12 +50,12 @@ class Node:
         self.callbacks: dict[int, tuple[float, ReplyCallback]] = {}
         self.ids = itertools.count(1)
         self.running = True
-        self.store = RecordStore(segment_prefix(config.cluster_name, info.name),
-                                 max_record_bytes=config.max_value_bytes + 8,
-                                 merkle_depth=config.merkle_tree_depth)
+        self.store = self.store_class(segment_prefix(config.cluster_name, info.name),
+                                      max_record_bytes=config.max_value_bytes + 8,
+                                      merkle_depth=config.merkle_tree_depth)
         self.journal = journal  # its log is loaded by ``restore``, before the member runs
         self.cluster = ClusterService(self, join_endpoints)
-        self.maps = MapService(self)
+        self.maps = self.map_service_class(self)
         self.migrations = MigrationService(self)
         self.syncs = ReplicaSyncService(self)
         self.states = StateService(self)

@@ -23,8 +23,9 @@ import numpy as np
 
 from grid.errors import ProtocolError
 from grid.local_reads import RECORD_HEADER, key_hash
+from workers.shm import Segment
 
-__all__ = ["RecordBlock", "murmur3_x64_64", "parse_records", "records_frame"]
+__all__ = ["RecordBlock", "iterate_records", "murmur3_x64_64", "parse_records", "records_frame"]
 
 HEADER_BYTES = RECORD_HEADER.size  # 8: the key's and the value's size
 # Keys longer than this are hashed one by one: the padded matrix would be large.
@@ -170,6 +171,26 @@ class RecordBlock:
             items.append(bytes(view[start + HEADER_BYTES:middle]))
             items.append(bytes(view[middle:middle + value_size]))
         return items
+
+
+def iterate_records(segment: Segment, offsets: list[int]) -> Iterator:
+    """Yield (key, value) copies of the records at ``offsets`` in a segment; the first
+    ``next`` only pins the segment, and the iterator unpins it when it ends or is dropped.
+    (The record store's snapshot iterator. It lives here, run from source: a generator
+    compiled with the store (grid/compiled.py) would not run its ``finally`` when dropped
+    before its end, and the segment would stay pinned.)"""
+    segment.pin()
+    try:
+        yield None
+        mm = segment.mm
+        unpack = RECORD_HEADER.unpack_from
+        for offset in offsets:
+            key_size, value_size = unpack(mm, offset)
+            start = offset + HEADER_BYTES
+            middle = start + key_size
+            yield mm[start:middle], mm[middle : middle + value_size]
+    finally:
+        segment.unpin()
 
 
 def parse_records(frame: bytes, rows: int) -> RecordBlock:

@@ -30,6 +30,8 @@ from itertools import accumulate, chain, repeat
 from operator import add
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from grid.local_reads import RECORD_HEADER, key_hash, key_hashes
 from grid.partition.merkle import (
     DEPTH_MAX,
@@ -40,7 +42,7 @@ from grid.partition.merkle import (
     leaf_shift,
 )
 from workers.local_reads import LocalReadDirectory, SharedFragment
-from workers.record_block import RecordBlock
+from workers.record_block import RecordBlock, iterate_records
 from workers.shm import Segment, SegmentReader, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
@@ -51,6 +53,7 @@ header_bytes = _HEADER.size
 _unpack_header = _HEADER.unpack_from
 _pack_header = _HEADER.pack_into
 _header = _HEADER.pack
+Buffer = bytes | bytearray | memoryview  # a value as the store takes it: its len() is its size
 # A batch of at least this many pairs tries the block append (``_Fragment.append_new``).
 BLOCK_APPEND_MIN = 8
 BULK_GROWTH = 4  # how much an arena grows when a block of records does not fit
@@ -75,29 +78,36 @@ class ValueTooLargeError(ValueError):
         self.limit_bytes = limit_bytes
 
 
+@mypyc_attr(native_class=False)
 class RecordStoreClosedError(RuntimeError):
     """A write reached a store after ``close``: a bug in the caller's shutdown order."""
 
 
+@mypyc_attr(native_class=False)
 class RecordStoreInvariantError(RuntimeError):
     """The store's own bookkeeping disagrees with its segments: a bug, never user input."""
 
 
 def _key_bytes(key: object) -> bytes:
-    """Copy a bytes-like key into bytes (keys are small; a str or int raises TypeError)."""
-    return memoryview(key).tobytes()  # type: ignore[arg-type]
+    """A bytes-like key as bytes, copied unless it is bytes (keys are small; a str or int
+    raises TypeError)."""
+    if type(key) is bytes:
+        return key
+    return memoryview(key).tobytes()  # type: ignore[arg-type]  # (TypeError: not bytes-like)
 
 
 def _as_bytes(value: object) -> bytes:
     """bytes of a value (mmh3 hashes only read-only bytes, not a bytearray or view)."""
-    return value if value.__class__ is bytes else bytes(value)  # type: ignore[return-value]
+    if type(value) is bytes:
+        return value
+    return bytes(value)  # type: ignore[call-overload]  # (TypeError: not bytes-like)
 
 
-def _value_buffer(value: object) -> bytes | bytearray | memoryview:
+def _value_buffer(value: object) -> Buffer:
     """A view of a bytes-like value whose len() is its size in bytes, without copying."""
-    if value.__class__ is bytearray:
-        return value  # type: ignore[return-value]
-    view = memoryview(value)  # type: ignore[arg-type]
+    if type(value) is bytes or type(value) is bytearray:
+        return value
+    view = memoryview(value)  # type: ignore[arg-type]  # (TypeError: not bytes-like)
     if not view.c_contiguous:
         return view.tobytes()
     if view.ndim != 1 or view.format != "B":
@@ -203,7 +213,7 @@ class _Fragment:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def put(self, key: bytes, value: bytes | bytearray | memoryview) -> bytes | None:
+    def put(self, key: bytes, value: Buffer) -> bytes | None:
         """Write key → value; return the old value. The caller checked the record size."""
         key_size = len(key)
         value_size = len(value)
@@ -254,7 +264,7 @@ class _Fragment:
             self.shared.placed(self, h, offset, top)
         return old
 
-    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes],
+    def put_many(self, keys: Sequence[bytes], values: Sequence[Buffer],
                  record_bytes_sum: int) -> None:
         """Write every key and value in order; room for all of them is made once, up
         front. A batch of new keys is appended as one block (``append_new``); otherwise new
@@ -314,7 +324,7 @@ class _Fragment:
         if self.capacity != capacity_before or self.top > self.capacity:
             raise RecordStoreInvariantError("put_many outgrew the room it made")
 
-    def append_new(self, keys: Sequence[bytes], values: Sequence[bytes],
+    def append_new(self, keys: Sequence[bytes], values: Sequence[Buffer],
                    record_bytes_sum: int) -> bool:
         """Write a batch of keys that are all new to this fragment (and each once in the
         batch) as one block: one copy into the arena and one index update, each record laid
@@ -342,7 +352,7 @@ class _Fragment:
             raise RecordStoreInvariantError("a block append does not fit the room made for it")
         if self.tree is not None:
             try:
-                entries = entry_hashes(hashes, values)
+                entries = entry_hashes(hashes, values)  # type: ignore[arg-type]  # (below)
             except TypeError:  # a bytearray or view among the values: mmh3 hashes bytes only
                 entries = entry_hashes(hashes, list(map(_as_bytes, values)))
             self.tree.add_many(hashes, entries)
@@ -562,7 +572,7 @@ class _Fragment:
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """A snapshot iterator: pins the segment now, so later writes never touch its records."""
-        iterator = _iterate_records(self.segment, self.offsets_sorted())
+        iterator = iterate_records(self.segment, self.offsets_sorted())
         next(iterator)  # runs the pin; from here on, dropping the iterator unpins it
         return iterator
 
@@ -573,7 +583,7 @@ class _Fragment:
         In the arena a record's key and value are adjacent, so this is one slice a record (a
         scan's hot path: the client decodes the whole run with one msgpack call)."""
         mm = self.mm
-        parts = []
+        parts: list[bytes] = []
         append = parts.append
         for offset in self.offsets_sorted() if offsets is None else offsets:
             key_size, value_size = _unpack_header(mm, offset)
@@ -625,9 +635,9 @@ class _Fragment:
         """Compare the shared index, if any, with the dict index (tests; O(capacity))."""
         shared = self.shared
         if shared is not None:
-            expected = {h: sorted((entry,) if entry.__class__ is int else entry)
+            expected = {h: sorted((entry,) if entry.__class__ is int else entry)  # type: ignore[arg-type]
                         for h, entry in self.index.items()}
-            found = {h: sorted(offsets) for h, offsets in shared.index.entries().items()}
+            found = {h: sorted(offsets) for h, offsets in shared.index.entries().items()}  # type: ignore[union-attr]
             if found != expected:
                 raise RecordStoreInvariantError("the shared index disagrees with the index")
 
@@ -658,10 +668,10 @@ class FragmentLoan:
         index = fragment.index
         if fragment.tuple_entry_count:
             singles = {h: entry for h, entry in index.items() if entry.__class__ is int}
-            self.collisions = [[h, list(entry)] for h, entry in index.items()
+            self.collisions = [[h, list(entry)] for h, entry in index.items()  # type: ignore[arg-type]
                                if entry.__class__ is not int]
         else:
-            singles, self.collisions = index, []
+            singles, self.collisions = index, []  # type: ignore[assignment]
         self.entries = len(singles)
         self.index_segment = None
         if singles:
@@ -736,21 +746,9 @@ def _changing(fragment: _Fragment, method: Any, *args: Any) -> Any:
         shared.end()
 
 
-def _iterate_records(segment: Segment, offsets: list[int]) -> Iterator:
-    """Yield (key, value) copies at ``offsets``; the first ``next`` only pins the segment."""
-    segment.pin()
-    try:
-        yield None
-        mm = segment.mm
-        for offset in offsets:
-            key_size, value_size = _unpack_header(mm, offset)
-            start = offset + header_bytes
-            middle = start + key_size
-            yield mm[start:middle], mm[middle : middle + value_size]
-    finally:
-        segment.unpin()
-
-
+# The simulation watches it, and its broken-protocol tests break it, through subclasses
+# (tests/cluster/sim.py): compiled (grid/compiled.py), it must let Python subclass it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RecordStore:
     """Keys and values of every partition replica this member holds, in shared memory.
 
@@ -765,7 +763,7 @@ class RecordStore:
         segment_prefix: str,
         initial_segment_bytes: int = 64 * 1024,
         max_record_bytes: int = 64 * 1024 * 1024,
-        merkle_depth: int = 10,
+        merkle_depth: object = 10,
     ) -> None:
         validate_prefix(segment_prefix)
         if not isinstance(initial_segment_bytes, int) or initial_segment_bytes <= 0:
@@ -796,12 +794,10 @@ class RecordStore:
 
     # -- single records --------------------------------------------------------------------
 
-    def put(self, pid: int, namespace: str, key: bytes, value: bytes) -> bytes | None:
-        """Store key → value; return the previous value or None."""
-        if key.__class__ is not bytes:
-            key = _key_bytes(key)
-        if value.__class__ is not bytes:
-            value = _value_buffer(value)  # type: ignore[assignment]
+    def put(self, pid: int, namespace: str, key: object, value: object) -> bytes | None:
+        """Store key → value (bytes-like); return the previous value or None."""
+        key = _key_bytes(key)
+        value = _value_buffer(value)
         record_size = header_bytes + len(key) + len(value)
         if record_size > self._max_record_bytes:
             raise self._too_large(len(key), len(value))
@@ -817,24 +813,21 @@ class RecordStore:
             self.journal.put(pid, namespace, key, value)
         return old
 
-    def get(self, pid: int, namespace: str, key: bytes) -> bytes | None:
+    def get(self, pid: int, namespace: str, key: object) -> bytes | None:
         """The value of key, or None."""
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             return None
-        if key.__class__ is not bytes:
-            key = _key_bytes(key)
-        return fragment.get(key)
+        return fragment.get(_key_bytes(key))
 
-    def remove(self, pid: int, namespace: str, key: bytes) -> bytes | None:
+    def remove(self, pid: int, namespace: str, key: object) -> bytes | None:
         """Remove key; return the removed value, or None if it was absent."""
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             return None
-        if key.__class__ is not bytes:
-            key = _key_bytes(key)
+        key = _key_bytes(key)
         if fragment.shared is None:
             old = fragment.remove(key)
         else:
@@ -843,26 +836,24 @@ class RecordStore:
             self.journal.remove(pid, namespace, key)
         return old
 
-    def contains(self, pid: int, namespace: str, key: bytes) -> bool:
+    def contains(self, pid: int, namespace: str, key: object) -> bool:
         """Whether key is present."""
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             return False
-        if key.__class__ is not bytes:
-            key = _key_bytes(key)
-        return fragment.contains(key)
+        return fragment.contains(_key_bytes(key))
 
     # -- batches ---------------------------------------------------------------------------
 
-    def put_many(self, pid: int, namespace: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+    def put_many(self, pid: int, namespace: str, pairs: Iterable[Sequence[object]]) -> None:
         """Store every pair (later pairs win). A too-large record fails the batch unchanged."""
         checked, record_bytes_sum = self._checked(pairs)
         if checked:
             keys, values = zip(*checked, strict=True)
             self._put_checked(pid, namespace, keys, values, record_bytes_sum)
 
-    def put_groups(self, namespace: str, groups: Sequence[tuple[int, list[bytes]]]) -> None:
+    def put_groups(self, namespace: str, groups: Sequence[tuple[int, Any]]) -> None:
         """``put_many`` over several partitions, each group's items flat bytes (key, value,
         key, value, ..., as a batch message decodes them). A batch of 100 keys spans about 80
         partitions, a pair or so each, so the checks are made per batch where they can be:
@@ -980,27 +971,25 @@ class RecordStore:
             items = block.items()
             self._put_checked(pid, namespace, items[0::2], items[1::2], size)
 
-    def _checked(self, pairs: Iterable[tuple[bytes, bytes]]
-                 ) -> tuple[list[tuple[bytes, bytes]], int]:
+    def _checked(self, pairs: Iterable[Sequence[object]]
+                 ) -> tuple[list[tuple[bytes, Buffer]], int]:
         """The pairs as bytes (keys) and buffers (values), and their records' size in all;
         ValueTooLargeError for a record the store cannot hold."""
-        checked: list[tuple[bytes, bytes]] = []
+        checked: list[tuple[bytes, Buffer]] = []
         record_bytes_sum = 0
         record_bytes_max = self._max_record_bytes
-        for key, value in pairs:
-            if key.__class__ is not bytes:
-                key = _key_bytes(key)
-            if value.__class__ is not bytes:
-                value = _value_buffer(value)  # type: ignore[assignment]
-            record_size = header_bytes + len(key) + len(value)
+        for pair in pairs:
+            key, value = pair
+            key_bytes, buffer = _key_bytes(key), _value_buffer(value)
+            record_size = header_bytes + len(key_bytes) + len(buffer)
             if record_size > record_bytes_max:
-                raise self._too_large(len(key), len(value))
+                raise self._too_large(len(key_bytes), len(buffer))
             record_bytes_sum += record_size
-            checked.append((key, value))
+            checked.append((key_bytes, buffer))
         return checked, record_bytes_sum
 
     def _put_checked(self, pid: int, namespace: str, keys: Sequence[bytes],
-                     values: Sequence[bytes], record_bytes_sum: int) -> None:
+                     values: Sequence[Buffer], record_bytes_sum: int) -> None:
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
@@ -1012,14 +1001,14 @@ class RecordStore:
         if self.journal is not None:
             self.journal.put_many(pid, namespace, zip(keys, values, strict=True))
 
-    def get_many(self, pid: int, namespace: str, keys: Iterable[bytes]) -> list[bytes | None]:
+    def get_many(self, pid: int, namespace: str, keys: Iterable[object]) -> list[bytes | None]:
         """The value (or None) of each key, in order."""
         try:
             fragment = self._partitions[pid][namespace]
         except KeyError:
             return [None for _ in keys]
         get = fragment.get
-        return [get(key if key.__class__ is bytes else _key_bytes(key)) for key in keys]
+        return [get(_key_bytes(key)) for key in keys]
 
     def found_in(self, namespace: str, pids: Sequence[int], keys: Sequence[bytes],
                  skip: Collection[int] = ()) -> list[bytes]:
@@ -1109,7 +1098,7 @@ class RecordStore:
                 continue
             data, count = fragment.concatenated(sorted(
                 offset for _, entry in selected
-                for offset in ((entry,) if entry.__class__ is int else entry)))
+                for offset in ((entry,) if entry.__class__ is int else entry)))  # type: ignore[union-attr]
             if len(data) <= max_bytes or len(selected) == 1:
                 return data, count, (None if high >= HASH_SPACE else high)
             high = low + (high - low) // 2  # an unlucky spread: half the range
@@ -1196,7 +1185,7 @@ class RecordStore:
         return [(key, value) for _, key, value in fragment.records_of(selected)]
 
     def replace_leaves(self, pid: int, namespace: str, leaves: Iterable[int],
-                       pairs: Iterable[tuple[bytes, bytes]]) -> int:
+                       pairs: Iterable[Sequence[object]]) -> int:
         """Make the fragment's entries under these leaves exactly ``pairs`` (the peer's
         ``leaf_entries``): put what differs, remove what the pairs lack, through ``put_many``
         and ``remove`` so that the journal and the tree follow. A pair outside the leaves is a
@@ -1204,13 +1193,13 @@ class RecordStore:
         Returns the entries written or removed."""
         wanted = self._leaves(leaves)
         shift = leaf_shift(self._merkle_depth)
-        new: dict[bytes, bytes] = {}
-        for key, value in pairs:
-            if key.__class__ is not bytes:
-                key = _key_bytes(key)
-            if (key_hash(key) & _HASH_MASK) >> shift not in wanted:
-                raise ValueError(f"key {key!r} is not under the leaves being replaced")
-            new[key] = value
+        new: dict[bytes, object] = {}
+        for pair in pairs:
+            key, value = pair
+            key_bytes = _key_bytes(key)
+            if (key_hash(key_bytes) & _HASH_MASK) >> shift not in wanted:
+                raise ValueError(f"key {key_bytes!r} is not under the leaves being replaced")
+            new[key_bytes] = value
         current = dict(self.leaf_entries(pid, namespace, wanted))
         changed = [(key, value) for key, value in new.items() if current.get(key) != value]
         self.put_many(pid, namespace, changed)  # checks every size before it writes
@@ -1224,7 +1213,7 @@ class RecordStore:
         depth = self._merkle_depth
         if depth == 0:
             raise ValueError("this store has no Merkle trees (merkle_depth=0), so no leaves")
-        wanted = set(leaves)
+        wanted: set[Any] = set(leaves)  # (each checked below: not yet known to be ints)
         leaf_count = 1 << (depth - 1)
         for leaf in wanted:
             if type(leaf) is not int or not 0 <= leaf < leaf_count:
@@ -1379,7 +1368,7 @@ class RecordStore:
         receiving, self._receiving = self._receiving, {}
         failures: list[BaseException] = []
         for namespaces in [*partitions.values(), receiving]:
-            for fragment in namespaces.values():
+            for fragment in namespaces.values():  # type: ignore[attr-defined]
                 try:
                     fragment.release()
                 except Exception as error:  # unlink the others before reporting it

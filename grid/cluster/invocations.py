@@ -17,13 +17,18 @@ Pure state: times are passed in.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from itertools import islice
 from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 NOT_RECORDED = object()
 
 
+# The simulation watches it, and its broken-protocol tests break it, through subclasses
+# (tests/cluster/sim.py): compiled (grid/compiled.py), it must let Python subclass it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class InvocationRecords:
     """Invocation id -> (partitions applied to, outcome: the previous value or None), bounded
     in age (``keep_s``) and in count (``max_records``)."""
@@ -112,10 +117,11 @@ class InvocationRecords:
         if not by_pid:
             del self._by_pid[pid]
 
-    def adopt(self, pid: int, records: Iterable[tuple[str, Any]], now: float) -> None:
-        """Take another replica's records of ``pid`` (invocation id, outcome) where this one
-        has none of the invocation for ``pid``: a replica sync made this replica's copy its
-        owner's, which holds those writes, so a resend must be answered as they were."""
+    def adopt(self, pid: int, records: Iterable[Sequence[Any]], now: float) -> None:
+        """Take another replica's records of ``pid`` ([invocation id, outcome], as they come
+        off the wire: lists, not tuples) where this one has none of the invocation for
+        ``pid``: a replica sync made this replica's copy its owner's, which holds those
+        writes, so a resend must be answered as they were."""
         for iid, outcome in records:
             if self.get(pid, iid) is NOT_RECORDED:
                 self.record(iid, (pid,), outcome, now)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 RETRANSMIT_S_MIN = 0.05
 RETRANSMIT_S_MAX = 1.0
@@ -115,11 +115,12 @@ class _Inbox:
 class Arrival:
     """What a backup does with an operation that arrived (see ``BackupInbox.arrive``)."""
 
-    PROCESS = "process"      # the next in sequence: judge it now
-    HOLD = "hold"            # the next in sequence, but earlier ones wait: queue behind them
-    DUPLICATE = "duplicate"  # processed before: answer with the remembered result
-    PENDING = "pending"      # a duplicate of a held one: it will be answered when processed
-    GAP = "gap"              # an earlier one is missing: drop; the owner sends both again
+    # (Final: compiled, a class attribute read through the class must be one.)
+    PROCESS: Final = "process"  # the next in sequence: judge it now
+    HOLD: Final = "hold"  # the next in sequence, but earlier ones wait: queue behind them
+    DUPLICATE: Final = "duplicate"  # processed before: answer with the remembered result
+    PENDING: Final = "pending"  # a duplicate of a held one: it will be answered when processed
+    GAP: Final = "gap"  # an earlier one is missing: drop; the owner sends both again
 
 
 class BackupInbox:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from grid import protocol as p
-from grid.cluster.invocations import NOT_RECORDED
+from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
 from grid.local_reads import SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
@@ -42,8 +42,9 @@ from grid.serialization import (
     serialize_value,
 )
 from workers.local_reads import LocalReadDirectory
+from workers.map_service import MapService
 from workers.node import Node
-from workers.record_store import RecordStoreInvariantError
+from workers.record_store import RecordStore, RecordStoreInvariantError
 from workers.shm import remove_segments
 
 TICK_S = 0.1
@@ -554,7 +555,27 @@ def _close_stores(stores: list[Any]) -> None:
         store.close()
 
 
+class SimStore(RecordStore):
+    """The record store of a simulated member. Compiled (grid/compiled.py), a class's own
+    methods cannot be replaced, on it or on its instances; a Python subclass's can, and the
+    compiled code calls them: so the simulation's watches (``SimNode.watch_rewrites``) and the
+    broken-protocol tests replace them here."""
+
+
+class SimRecords(InvocationRecords):
+    """The invocation records of a simulated member (see ``SimStore``)."""
+
+
+class SimMapService(MapService):
+    """The map service of a simulated member (see ``SimStore``)."""
+
+    records_class = SimRecords
+
+
 class SimNode(Node):
+    store_class = SimStore
+    map_service_class = SimMapService
+
     def __init__(self, net: SimNetwork, name: str, join: list[str], lite: bool = False) -> None:
         self.net = net
         self.peers: dict[str, str] = {}  # key -> endpoint

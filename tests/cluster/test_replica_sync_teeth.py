@@ -6,16 +6,15 @@ from __future__ import annotations
 import pytest
 
 from grid.cluster import replica_sync
-from grid.cluster.invocations import InvocationRecords
 from grid.partition.replica_versions import BackupDecision, ReplicaVersions
 from grid.serialization import serialize_value
+from tests.cluster.sim import SimMapService, SimRecords
 from tests.cluster.test_replica_sync_sim import CASES, check_case
 from tests.cluster.test_simulation_teeth import first_failure
 from tests.cluster.test_write_path import (
     resend_to_a_backup_a_replica_sync_brought_the_write_to,
     resend_to_an_async_backup_a_replica_sync_repaired,
 )
-from workers.map_service import MapService
 from workers.replica_sync_service import ReplicaSyncService
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,7 +68,7 @@ def test_a_sync_that_keeps_the_records_of_the_writes_it_took_away_is_caught(monk
     backup operations went unanswered, seed 20 before: where a seed catches it moves with
     the runs), and in the scenario the resend is answered as done from the record while
     nothing holds the write."""
-    monkeypatch.setattr(InvocationRecords, "forget_unknown", lambda self, *args: None)
+    monkeypatch.setattr(SimRecords, "forget_unknown", lambda self, *args: None)
     assert caught(["loss-kill-master"], range(12), known=(4, "loss-kill-master"))
     net = make_cluster(seed=21, backup_count=1, async_backup_count=2, nodes=5,
                        backup_sync_interval=0.5)
@@ -83,7 +82,7 @@ def test_a_sync_that_brings_writes_without_their_records_is_caught(monkeypatch, 
     simulation's record check catches it (a copy holding a write its client may still
     resend, without its record), and in the scenario the new owner applies the resend again
     and answers it with the write's own value as the previous one."""
-    monkeypatch.setattr(InvocationRecords, "adopt", lambda self, *args: None)
+    monkeypatch.setattr(SimRecords, "adopt", lambda self, *args: None)
     assert caught(["loss"], range(3))
     net = make_cluster(seed=21, backup_count=1, async_backup_count=1, nodes=5,
                        backup_sync_interval=0.5)
@@ -95,7 +94,7 @@ def test_a_sync_that_brings_writes_without_their_records_is_caught(monkeypatch, 
 def test_a_sync_whose_records_leave_out_the_writes_under_way_is_caught(monkeypatch):
     """The owner hands on only the records of writes it has answered: a write it applied
     and still waits on its backups for is in the snapshot without its record."""
-    monkeypatch.setattr(MapService, "records_of",
+    monkeypatch.setattr(SimMapService, "records_of",
                         lambda self, pid: self.records.of_partition(pid))
     assert caught(["loss"], range(3))
 

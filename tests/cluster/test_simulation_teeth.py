@@ -16,6 +16,7 @@ from grid.cluster.reply_order import ReplyOrder, Ticket
 from grid.cluster.state import ClusterState
 from grid.cluster.state_change import CommitAll, Finished, Phase, StateChange
 from tests.cluster import test_chain, test_simulation, test_state_change_sim, test_write_path
+from tests.cluster.sim import SimMapService, SimRecords, SimStore
 from workers import map_service
 from workers.cluster_service import ClusterService
 from workers.local_reads import LocalReadDirectory, NamespaceSlots
@@ -59,12 +60,12 @@ def test_a_failed_send_taken_for_an_ack_is_caught(monkeypatch):
     def ack_on_failure(self, uuid, seq, header):
         original(self, uuid, seq, header if header is not None else {"ok": True})
 
-    monkeypatch.setattr(MapService, "_on_backup_ack", ack_on_failure)
+    monkeypatch.setattr(SimMapService, "_on_backup_ack", ack_on_failure)
     assert caught(["flaky-kill", "flaky-kill-master"], range(12))
 
 
 def test_a_resend_applied_twice_is_caught(monkeypatch):
-    monkeypatch.setattr(MapService, "_resent", lambda self, *args: False)
+    monkeypatch.setattr(SimMapService, "_resent", lambda self, *args: False)
     assert caught(["kill", "hang"], range(6))
 
 
@@ -86,14 +87,14 @@ def test_a_follower_that_gives_up_on_a_live_master_is_caught(monkeypatch):
 
 
 def test_a_new_owner_that_does_not_sync_its_backups_is_caught(monkeypatch, make_cluster):
-    monkeypatch.setattr(MapService, "_sync_backups", lambda self, pid: None)
+    monkeypatch.setattr(SimMapService, "_sync_backups", lambda self, pid: None)
     with pytest.raises(AssertionError):
         test_write_path.test_a_promoted_backup_brings_the_other_backups_up_to_date_before_it_answers(  # noqa: E501
             make_cluster)
 
 
 def test_a_backup_that_judges_by_an_old_table_is_caught(monkeypatch, make_cluster):
-    monkeypatch.setattr(MapService, "_behind", lambda self, parts: False)
+    monkeypatch.setattr(SimMapService, "_behind", lambda self, parts: False)
     with pytest.raises(AssertionError):
         test_write_path.test_a_write_the_backup_cannot_take_yet_waits_and_nobody_reads_it_before(
             make_cluster)
@@ -107,7 +108,7 @@ def test_a_backup_that_answers_for_its_owner_out_of_step_is_caught(monkeypatch, 
         self.member.reply(ident, [p.reply_ok(rid), *([] if old is None else [old])])
         return True
 
-    monkeypatch.setattr(MapService, "_answer_caller", answer_anyway)
+    monkeypatch.setattr(SimMapService, "_answer_caller", answer_anyway)
     with pytest.raises(AssertionError):
         test_chain.test_a_backup_out_of_step_leaves_the_answer_to_its_owner(make_cluster)
 
@@ -140,7 +141,7 @@ def read_without_a_lease(self, ident, header, slots, frames, **fields):
 
 
 def test_an_owner_that_reads_without_a_lease_is_caught(monkeypatch, make_cluster):
-    monkeypatch.setattr(MapService, "_answer_after", read_without_a_lease)
+    monkeypatch.setattr(SimMapService, "_answer_after", read_without_a_lease)
     with pytest.raises(AssertionError, match="a removed owner answered"):
         test_write_path.test_a_removed_owner_answers_no_read_of_what_its_successor_took(
             make_cluster)
@@ -302,15 +303,13 @@ def test_a_new_owner_that_serves_local_reads_before_it_shares_the_index_is_caugh
     """A member that builds no shared index for a partition it starts to serve holding
     records of it already (a backup promoted by a kill): local readers would find no index
     there and read every key absent."""
-    from workers.record_store import RecordStore
-
-    original_share = RecordStore.share
+    original_share = SimStore.share
 
     def share(self, pid, shared):
         if not (shared and self.namespaces(pid)):
             original_share(self, pid, shared)
 
-    monkeypatch.setattr(RecordStore, "share", share)
+    monkeypatch.setattr(SimStore, "share", share)
     assert caught(["kill"], range(6))
 
 
@@ -348,7 +347,7 @@ def test_an_owner_that_answers_a_spread_batch_once_one_backup_applied_it_is_caug
             ticket.waiting.clear()
         original(self, uuid, seq, header)
 
-    monkeypatch.setattr(MapService, "_on_backup_ack", one_ack_for_all)
+    monkeypatch.setattr(SimMapService, "_on_backup_ack", one_ack_for_all)
     assert first_failure(
         lambda seed, fault: test_simulation.test_failover_keeps_every_acknowledged_write(
             seed, fault, batches=True), ["kill", "kill-master"], range(6))
@@ -364,7 +363,7 @@ def test_a_new_owner_that_syncs_its_backups_only_when_it_holds_something_is_caug
         if self.store.namespaces(pid):
             original(self, pid)
 
-    monkeypatch.setattr(MapService, "_sync_backups", only_when_held)
+    monkeypatch.setattr(SimMapService, "_sync_backups", only_when_held)
     assert first_failure(
         lambda seed, fault: test_simulation.test_failover_keeps_every_acknowledged_write(
             seed, fault, batches=True), ["kill-two"], range(6), known=(52, "kill-two"))
@@ -377,7 +376,7 @@ def test_invocation_records_that_expire_while_their_client_may_resend_are_caught
     changed or a sync was installed (as it was before), seeds 0-2 of every fault showed
     nothing of it."""
     init = InvocationRecords.__init__
-    monkeypatch.setattr(InvocationRecords, "__init__",
+    monkeypatch.setattr(SimRecords, "__init__",
                         lambda self, keep_s, max_records=1_000_000:
                         init(self, keep_s / 2, max_records))
     net = test_simulation.run_scenario(0, "kill", False)

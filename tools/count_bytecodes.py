@@ -3,6 +3,7 @@
     python tools/count_bytecodes.py put                 # the functions that run most
     python tools/count_bytecodes.py put_all --top 40
     python tools/count_bytecodes.py get --base HEAD~2   # the same counted in a revision, and ratios
+    python tools/count_bytecodes.py put --compiled      # what still runs as Python, compiled
 
 Starts a 3-member cluster (backup 1) whose members count on signals (grid/bytecode_count.py),
 fills 20,000 keys with 100-byte values, makes some warm-up operations, then counts the
@@ -19,6 +20,10 @@ the loop it replaced. Time a changed function against its old self in one proces
 alternating) before taking fewer bytecodes for a gain. ``tools/bench_ab.py --instructions``
 counts the client's machine instructions instead. ``--base`` needs a revision that has this
 tool's member hook.
+
+Every module runs from source while counting (compiled code, grid/compiled.py, runs no
+bytecode), unless ``--compiled``: then the working tree's compiled build runs as installed, and
+what is counted is the Python left around it, which is where compiling more could still gain.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import tempfile
 from pathlib import Path
 
 from grid.compiled import PURE_ENV
+from grid.compiled import status as compiled_status
+from grid.compiled import summary as compiled_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = ("get", "put", "get_all", "put_all", "remove")
@@ -108,15 +115,16 @@ finally:
 """
 
 
-def count(tree: Path, op: str, ops: int) -> dict[str, collections.Counter[str]]:
+def count(tree: Path, op: str, ops: int, compiled: bool = False
+          ) -> dict[str, collections.Counter[str]]:
     """Bytecodes per ``op`` of the client and of all members, by function, counted by
-    ``tree``'s code."""
+    ``tree``'s code: all of it run from source, or (``compiled``) with its compiled build."""
     with tempfile.TemporaryDirectory(prefix="shmgrid-bytecodes-") as folder:
-        # A compiled module (grid/compiled.py) runs no bytecode: every one runs from source.
+        # A compiled module (grid/compiled.py) runs no bytecode: every one runs from source,
+        # unless what is asked is the Python left around the compiled ones.
+        env = {**os.environ, "PYTHONPATH": str(tree), PURE_ENV: "0" if compiled else "1"}
         done = subprocess.run([sys.executable, "-c", COUNTER, op, str(ops), folder],
-                              cwd=tree, env={**os.environ, "PYTHONPATH": str(tree),
-                                             PURE_ENV: "1"},
-                              capture_output=True, text=True, timeout=1800)
+                              cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"counting in {tree} failed:\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout.strip().splitlines()[-1])
@@ -160,11 +168,21 @@ def main() -> int:
                         help="functions listed per side (default 20)")
     parser.add_argument("--base", metavar="REV",
                         help="count a git revision too (in a temporary worktree) and compare")
+    parser.add_argument("--compiled", action="store_true",
+                        help="run the working tree's compiled build (grid/compiled.py) and count "
+                             "the Python still run around it")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     ops = args.ops or (50 if args.op.endswith("_all") else 500)
     if ops < 1:
         parser.error("--ops must be at least 1")
+    if args.compiled:
+        if args.base:
+            parser.error("--compiled counts the working tree's build only (a revision's "
+                         "worktree has none): leave out --base")
+        states = compiled_status()
+        if not all(state == "compiled" for state in states.values()):
+            parser.error(f"--compiled needs the compiled build: {compiled_summary()}")
     base = None
     if args.base:
         with tempfile.TemporaryDirectory(prefix="shmgrid-bytecodes-base-") as tmp:
@@ -180,7 +198,7 @@ def main() -> int:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                                capture_output=True)
     print(f"counting {args.op} in the working tree", file=sys.stderr, flush=True)
-    counts = count(ROOT, args.op, ops)
+    counts = count(ROOT, args.op, ops, args.compiled)
     if args.json:
         result = {side: {"total": sum(c.values()), "functions": dict(c)}
                   for side, c in counts.items()}
@@ -189,7 +207,8 @@ def main() -> int:
                 result[side]["base_total"] = sum(c.values())
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{args.op}, {ops} counted" + (f"; second column: {args.base}" if base else ""))
+    print(f"{args.op}, {ops} counted" + (f"; second column: {args.base}" if base else "")
+          + ("; compiled modules run no bytecode (not listed)" if args.compiled else ""))
     for side in ("client", "members"):
         show(side, counts[side], args.top, None if base is None else base[side])
     return 0

@@ -6,6 +6,7 @@ where mypyc or a C compiler is missing, or any of them fails to compile, they al
 source.
 """
 
+import importlib.machinery
 import os
 import runpy
 import shutil
@@ -27,6 +28,8 @@ class BuildAllOrNone(build_ext):
     def run(self) -> None:
         record = ROOT / "grid" / COMPILED["RECORD_NAME"]
         record.unlink(missing_ok=True)
+        if self.inplace:
+            self._remove_stale_modules()
         super().run()
         built = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions]
         if all(path.exists() for path in built):
@@ -37,6 +40,19 @@ class BuildAllOrNone(build_ext):
         for path in built:
             path.unlink(missing_ok=True)
         print("shmgrid: the hot path did not compile; it runs from source", file=sys.stderr)
+
+    def _remove_stale_modules(self) -> None:
+        """Remove what an earlier build compiled that this one does not: a module taken out
+        of the compiled set would otherwise still load compiled (Python prefers it to the
+        source beside it, and no guard looks at it), from a shared library of another name."""
+        wanted = {ext.name for ext in self.extensions}
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            for path in [*ROOT.glob(f"*{suffix}"), *ROOT.glob(f"grid/**/*{suffix}"),
+                         *ROOT.glob(f"workers/**/*{suffix}")]:
+                module = ".".join([*path.parent.relative_to(ROOT).parts,
+                                   path.name[:-len(suffix)]])
+                if module not in wanted:
+                    path.unlink()
 
 
 def compiled_extensions() -> list:

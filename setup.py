@@ -46,13 +46,15 @@ class BuildAllOrNone(build_ext):
         of the compiled set would otherwise still load compiled (Python prefers it to the
         source beside it, and no guard looks at it), from a shared library of another name."""
         wanted = {ext.name for ext in self.extensions}
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            for path in [*ROOT.glob(f"*{suffix}"), *ROOT.glob(f"grid/**/*{suffix}"),
-                         *ROOT.glob(f"workers/**/*{suffix}")]:
-                module = ".".join([*path.parent.relative_to(ROOT).parts,
-                                   path.name[:-len(suffix)]])
-                if module not in wanted:
-                    path.unlink()
+        suffixes = importlib.machinery.EXTENSION_SUFFIXES  # the most specific first
+        for path in [*ROOT.glob("*.so"), *ROOT.glob("grid/**/*.so"),
+                     *ROOT.glob("workers/**/*.so")]:
+            suffix = next((s for s in suffixes if path.name.endswith(s)), None)
+            if suffix is None:
+                continue
+            module = ".".join([*path.parent.relative_to(ROOT).parts, path.name[:-len(suffix)]])
+            if module not in wanted:
+                path.unlink()
 
 
 def compiled_extensions() -> list:

@@ -38,10 +38,14 @@ class InvocationRecords:
             raise ValueError("keep_s and max_records must be positive")
         self.keep_s = keep_s
         self.max_records = max_records
-        self._records: dict[str, tuple[set[int], Any]] = {}
+        # Invocation id -> (partitions, outcome, the record's number: the count of records
+        # made when it was made).
+        self._records: dict[str, tuple[set[int], Any, int]] = {}
+        self._made = 0
         self._order: deque[tuple[float, str]] = deque()  # (recorded at, invocation id)
         # What a migration of the partition carries (a set made where one is missing), for
-        # every record but the newest ``_unindexed`` of ``_order`` (``_index`` adds those).
+        # every record but the newest ``_unindexed`` of ``_order`` (``_index`` adds those):
+        # those numbered above ``_made - _unindexed``.
         self._by_pid: defaultdict[int, set[str]] = defaultdict(set)
         self._unindexed = 0
 
@@ -61,18 +65,21 @@ class InvocationRecords:
         pids = set(pids)
         record = self._records.get(iid)
         if record is None:
-            self._records[iid] = (pids, outcome)
+            self._made += 1
+            self._records[iid] = (pids, outcome, self._made)
             self._order.append((now, iid))
             self._unindexed += 1  # (indexed by partition when one is asked for)
             while len(self._order) > self.max_records:
                 self._forget_oldest()
             return
-        # A resend's record (rare): the index is brought up to date and takes it at once.
-        self._index()
+        # A resend's record, or a batch's other part: a member that backs up one part of a
+        # put_all and owns another records its invocation twice, microseconds apart.
         if not record[0]:  # applied again after every partition forgot it: now the first
-            self._records[iid] = (pids, outcome)
+            self._records[iid] = (pids, outcome, record[2])
         else:
             record[0].update(pids)
+        if record[2] > self._made - self._unindexed:
+            return  # not indexed yet: ``_index`` takes all of its partitions in its turn
         by_pid = self._by_pid
         for pid in pids:
             by_pid[pid].add(iid)

@@ -23,14 +23,17 @@ RETRANSMIT_S_MAX = 1.0
 RESULTS_KEPT = 4096  # per sender: how far back a duplicate is answered from memory
 
 
-@dataclass
 class OutgoingOp:
     """One backup message the owner keeps until the backup acknowledges it."""
 
-    seq: int
-    fields: dict[str, Any]
-    frames: list[bytes]
-    pids: list[int] = field(default_factory=list)  # the partitions it writes
+    # (A plain class, not a dataclass: one is made per write, and compiled, a dataclass's
+    # generated __init__ would still run as Python.)
+    def __init__(self, seq: int, fields: dict[str, Any], frames: list[bytes],
+                 pids: list[int]) -> None:
+        self.seq = seq
+        self.fields = fields
+        self.frames = frames
+        self.pids = pids  # the partitions it writes
 
 
 @dataclass
@@ -52,7 +55,9 @@ class BackupStreams:
         """A new operation for ``member`` (writing partitions ``pids``): numbered, kept until
         acknowledged. The caller sends it now; if nothing else was waiting, its
         retransmission clock starts now."""
-        stream = self._streams.setdefault(member, _Stream())
+        stream = self._streams.get(member)
+        if stream is None:
+            stream = self._streams[member] = _Stream()
         op = OutgoingOp(stream.next_seq, {**fields, "seq": stream.next_seq}, frames,
                         [] if pids is None else pids)
         stream.next_seq += 1
@@ -130,9 +135,15 @@ class BackupInbox:
     def __init__(self) -> None:
         self._inboxes: dict[str, _Inbox] = {}
 
+    def _inbox(self, sender: str) -> _Inbox:
+        inbox = self._inboxes.get(sender)
+        if inbox is None:
+            inbox = self._inboxes[sender] = _Inbox()
+        return inbox
+
     def arrive(self, sender: str, seq: int) -> tuple[str, Any]:
         """Classify an arriving operation: (Arrival.X, remembered result or None)."""
-        inbox = self._inboxes.setdefault(sender, _Inbox())
+        inbox = self._inbox(sender)
         if seq < inbox.expected:
             if any(h.seq == seq for h in inbox.held):
                 return Arrival.PENDING, None
@@ -156,7 +167,7 @@ class BackupInbox:
 
     def processed(self, sender: str, seq: int, result: Any) -> None:
         """The operation was judged (applied or refused): remember the result."""
-        inbox = self._inboxes.setdefault(sender, _Inbox())
+        inbox = self._inbox(sender)
         if seq == inbox.expected:
             inbox.expected += 1
         inbox.results[seq] = result

@@ -310,6 +310,23 @@ def test_a_resend_recorded_before_its_first_record_was_indexed_is_indexed_whole(
     assert records._by_pid == {}
 
 
+def test_a_second_record_of_an_invocation_indexes_nothing_else():
+    """A member that backs up one part of a put_all and owns another records its invocation
+    twice: the second record leaves the index alone (it used to bring every record since
+    the last look into it), and a record already indexed takes its new partitions at once."""
+    records = InvocationRecords(keep_s=10.0)
+    records.record("a", [1, 2], None, now=0.0)
+    records.record("b", [3], None, now=0.0)
+    records.record("a", [4], None, now=0.0)
+    assert records._by_pid == {}
+    assert records.invocations(4) == {"a"} and records.invocations(3) == {"b"}
+    records.record("c", [5], None, now=1.0)
+    records.record("a", [6], None, now=1.0)  # indexed already: in the index at once
+    assert set(records._by_pid) == {1, 2, 3, 4, 6} and records._by_pid[6] == {"a"}
+    assert records.invocations(5) == {"c"}
+    assert sorted(records.of_partition(6)) == [("a", None)]
+
+
 def test_a_resend_that_expires_unasked_leaves_no_index_behind():
     records = InvocationRecords(keep_s=10.0)
     records.record("a", [1], None, now=0.0)

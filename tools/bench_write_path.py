@@ -17,8 +17,12 @@ steady workload.
 Timings on a small shared virtual machine drift 20-40% from one minute to the next; each tree
 runs in turn, ``--rounds`` times, and the best 20-batch stretch of each run is kept. With
 ``--instructions`` each tree's runs go under valgrind's cachegrind instead (Debian's valgrind
-package), with PYTHONHASHSEED fixed: the instructions per batch (a run of ``--batches``
-batches less a run of none) repeat exactly, so a change of 1% shows. An instruction is not a
+package), with PYTHONHASHSEED fixed: the instructions per batch are a run of ``--batches``
+batches less a run of none. They do not repeat exactly: a run's count varies by tens of
+millions of instructions from one run to the next (a bare ``import`` of the member's modules
+by 1%), and now and then one is 100 million or more off. So each is the median of three
+runs, and the spreads of the two sets of runs, per batch, are printed as its uncertainty;
+more ``--batches`` shrink it (200 by default). An instruction is not a
 time (a memcpy runs many a nanosecond, Python's dispatch few), so a change worth keeping shows
 in both. ``--base`` needs a revision whose tests/cluster/sim.py has ``SimNetwork``.
 """
@@ -30,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -103,8 +108,9 @@ try:
         for owner, pids in by_owner.items():
             rid += 1
             items = [item for pid in pids for pair in batch[pid].items() for item in pair]
+            # One invocation id for the whole batch, as grid/client/map.py sends it.
             head = p.request(p.PUT_ALL, rid, config.cluster_name, ns="bench", pids=pids,
-                             counts=[len(batch[pid]) for pid in pids], iid=f"i{rid}",
+                             counts=[len(batch[pid]) for pid in pids], iid=f"i{n}",
                              cid="bench-client")
             requests.append((by_uuid[owner], head, [p.pack_items(items)]))
         t0 = time.perf_counter()
@@ -155,9 +161,13 @@ def run(tree: Path, spread: int, batches: int, valgrind: bool = False) -> dict |
     return int(found.group(1).replace(",", ""))
 
 
-def instructions(tree: Path, spread: int, batches: int) -> float:
-    """Instructions per batch: a run of ``batches`` less a run of none (the start-up)."""
-    return (run(tree, spread, batches, True) - run(tree, spread, 0, True)) / batches
+def instructions(tree: Path, spread: int, batches: int) -> tuple[float, float]:
+    """Instructions per batch, and their uncertainty: the median of three runs of
+    ``batches`` less the median of three runs of none (the start-up); the uncertainty is
+    the two sets' spreads together, per batch."""
+    full, none = ([run(tree, spread, n, True) for _ in range(3)] for n in (batches, 0))
+    return ((statistics.median(full) - statistics.median(none)) / batches,
+            (max(full) - min(full) + max(none) - min(none)) / batches)
 
 
 def main() -> int:
@@ -168,7 +178,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed runs per tree, alternately (default 3)")
     parser.add_argument("--batches", type=int, default=None,
-                        help="batches a run makes after its warm-up (default 400; 50 with "
+                        help="batches a run makes after its warm-up (default 400; 200 with "
                              "--instructions)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per batch under valgrind instead of timing")
@@ -177,7 +187,7 @@ def main() -> int:
         parser.error("--partitions are 1..100 (a batch has 100 keys)")
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-    batches = args.batches or (50 if args.instructions else 400)
+    batches = args.batches or (200 if args.instructions else 400)
     with compared_trees(args.base) as trees:
         for spread in args.partitions:
             report(trees, spread, batches, args.rounds, args.instructions)
@@ -192,10 +202,11 @@ def report(trees: dict[str, Path], spread: int, batches: int, rounds: int,
           flush=True)
     if count:
         counted = {label: instructions(tree, spread, batches) for label, tree in trees.items()}
-        for label, value in counted.items():
-            print(f"  {label:>12}: {value:>12,.0f} instructions a batch", flush=True)
+        for label, (value, spread_of) in counted.items():
+            print(f"  {label:>12}: {value:>12,.0f} instructions a batch "
+                  f"(± {spread_of:,.0f}: the runs' spread)", flush=True)
         if len(counted) == 2:
-            base, tree = counted.values()
+            (base, _), (tree, _) = counted.values()
             print(f"  {'ratio':>12}: {tree / base:.3f}")
         return
     best: dict[str, dict] = {}

@@ -18,6 +18,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 COMPILED = runpy.run_path(str(ROOT / "grid" / "compiled.py"))  # (the standard library only)
+RECORD = ROOT / "grid" / COMPILED["RECORD_NAME"]
 
 
 class BuildAllOrNone(build_ext):
@@ -26,45 +27,54 @@ class BuildAllOrNone(build_ext):
     module each, and a module without it would fail to import."""
 
     def run(self) -> None:
-        record = ROOT / "grid" / COMPILED["RECORD_NAME"]
-        record.unlink(missing_ok=True)
+        RECORD.unlink(missing_ok=True)
         if self.inplace:
-            self._remove_stale_modules()
+            # A module taken out of the compiled set would otherwise still load compiled.
+            remove_compiled(keep={ext.name for ext in self.extensions})
         super().run()
         built = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions]
         if all(path.exists() for path in built):
             COMPILED["write_record"](ROOT)
             if not self.inplace:  # a wheel: the record goes with the modules
-                shutil.copy(record, Path(self.build_lib) / "grid" / record.name)
+                shutil.copy(RECORD, Path(self.build_lib) / "grid" / RECORD.name)
             return
         for path in built:
             path.unlink(missing_ok=True)
         print("shmgrid: the hot path did not compile; it runs from source", file=sys.stderr)
 
-    def _remove_stale_modules(self) -> None:
-        """Remove what an earlier build compiled that this one does not: a module taken out
-        of the compiled set would otherwise still load compiled (Python prefers it to the
-        source beside it, and no guard looks at it), from a shared library of another name."""
-        wanted = {ext.name for ext in self.extensions}
-        suffixes = importlib.machinery.EXTENSION_SUFFIXES  # the most specific first
-        for path in [*ROOT.glob("*.so"), *ROOT.glob("grid/**/*.so"),
-                     *ROOT.glob("workers/**/*.so")]:
-            suffix = next((s for s in suffixes if path.name.endswith(s)), None)
-            if suffix is None:
-                continue
-            module = ".".join([*path.parent.relative_to(ROOT).parts, path.name[:-len(suffix)]])
-            if module not in wanted:
-                path.unlink()
+
+def remove_compiled(keep: set[str]) -> None:
+    """Remove the compiled modules an earlier in-place build left in this tree, but those
+    named in ``keep``: Python prefers a compiled module to the source beside it, no guard
+    looks at a module outside the compiled set, and its shared library may be gone or not
+    importable (an editable install that compiles nothing maps only the packages)."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES  # the most specific first
+    for path in [*ROOT.glob("*.so"), *ROOT.glob("grid/**/*.so"),
+                 *ROOT.glob("workers/**/*.so")]:
+        suffix = next((s for s in suffixes if path.name.endswith(s)), None)
+        if suffix is None:
+            continue
+        module = ".".join([*path.parent.relative_to(ROOT).parts, path.name[:-len(suffix)]])
+        if module not in keep:
+            path.unlink()
+
+
+def no_extensions() -> list:
+    """Nothing to compile, so no build step will run: what an earlier build compiled in this
+    tree goes now, or it would still load."""
+    RECORD.unlink(missing_ok=True)
+    remove_compiled(keep=set())
+    return []
 
 
 def compiled_extensions() -> list:
     if os.environ.get(COMPILED["PURE_ENV"], "") not in ("", "0"):
-        return []
+        return no_extensions()
     try:
         from mypyc.build import mypycify
     except ImportError:
         print("shmgrid: mypyc is not installed; the hot path runs from source", file=sys.stderr)
-        return []
+        return no_extensions()
     # Only the compiled modules are type-checked, and what they import is taken as typed
     # where it is typed: the build must not depend on which stubs the machine has.
     extensions = mypycify(["--ignore-missing-imports", "--follow-imports=silent",

@@ -3,6 +3,7 @@ the build, or SHMGRID_PURE_PYTHON, runs every compiled module from its source in
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -128,3 +129,34 @@ def test_members_run_the_build_or_the_source_and_serve_either_way(cluster_factor
                                                             for i in range(200)}
         assert m.put("k1", b"new") == b"\x01" * 100 and m.get("k1") == b"new"
         assert m.remove("k2") == b"\x02" * 100 and m.get("k2") is None
+
+
+@pytest.mark.parametrize("why", ["pure", "no mypyc"])
+def test_an_install_that_compiles_nothing_removes_an_earlier_build(tmp_path: Path,
+                                                                    why: str) -> None:
+    """An install that compiles nothing (``SHMGRID_PURE_PYTHON=1``, or no mypyc) runs no
+    build step, so ``setup.py`` removes what an earlier in-place build left: its record, the
+    shared library and every compiled module, also of a module since taken out of the
+    compiled set. Left in place, they loaded, and the editable install of such a tree maps
+    only the packages, not the shared library: ``import grid.link`` failed."""
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "workers").mkdir()
+    for name in ("setup.py", "grid/compiled.py"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    planted = [tmp_path / f"39977ae0e400a45ff21a__mypyc{suffix}", tmp_path / f"grid/link{suffix}",
+               tmp_path / f"grid/chain{suffix}", tmp_path / f"workers/member{suffix}",
+               tmp_path / "grid" / compiled.RECORD_NAME]
+    for path in planted:
+        path.write_bytes(b"")
+    env = {key: value for key, value in os.environ.items() if key != compiled.PURE_ENV}
+    if why == "pure":
+        env[compiled.PURE_ENV] = "1"
+    else:  # mypyc cannot be imported
+        (tmp_path / "mypyc").mkdir()
+        (tmp_path / "mypyc" / "__init__.py").write_text("raise ImportError('no mypyc')\n")
+        env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "setup.py", "--version"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert [path.name for path in planted if path.exists()] == []

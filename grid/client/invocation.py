@@ -47,7 +47,8 @@ SILENT_S = 5.0
 LIVENESS_CHECK_S = 0.05
 
 Reply = tuple[dict[str, Any], list[bytes]]
-# A partition request: its pids' part of one message, and what to do with the reply.
+# A partition request: its pids' part of one message, and what to do with the reply (to the
+# pids of a group, which in invoke_keys's first attempt names a partition once a key).
 BuildRequest = Callable[[list[int]], tuple[dict[str, Any], list[bytes]]]
 HandleReply = Callable[[list[int], dict[str, Any], list[bytes]], None]
 
@@ -470,8 +471,7 @@ class Invoker:
              for endpoint, group in by_owner.items()],
             min(self.attempt_timeout, self.invocation_timeout))
         self.invoke_partitions(op, pids, build, handle,
-                               (deadline, [list(set(group[0])) for group in by_owner.values()],
-                                replies))
+                               (deadline, [group[0] for group in by_owner.values()], replies))
 
     def invoke_partitions(self, op: str, pids: Sequence[int], build: BuildRequest,
                           handle: HandleReply,
@@ -483,9 +483,9 @@ class Invoker:
         the owner lost the partition while it waited for backups) raises
         IndeterminateOperationStateError. ``first``: the invocation's deadline, and the
         partitions and replies of its first attempt, made already, one message per owner
-        (``invoke_key``, ``invoke_keys``)."""
+        (``invoke_key``, ``invoke_keys``; a group may name a partition more than once)."""
         deadline = time.monotonic() + self.invocation_timeout if first is None else first[0]
-        todo = sorted(set(pids))
+        todo = [] if first is not None else sorted(set(pids))  # (the first attempt's, made)
         backoff = BACKOFF_S_MIN
         last: GridError | None = None
         maybe_applied = False
@@ -553,7 +553,7 @@ class Invoker:
                     maybe_applied = maybe_applied or bool(header.get("indeterminate"))
             if not retry:
                 return
-            todo = sorted(retry)
+            todo = sorted(set(retry))
             if moved and all(self.owner_endpoint(pid) for pid in todo):
                 continue  # versions only rise, so this cannot go on for ever
             if time.monotonic() + backoff >= deadline:

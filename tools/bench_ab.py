@@ -291,7 +291,10 @@ def main() -> int:
             else:
                 runs: dict[str, list[dict]] = {"base": [], "tree": []}
                 for round_no in range(args.rounds):
-                    for label, tree in (("base", base), ("tree", ROOT)):
+                    # Each round the other tree goes first: the second of two runs found a
+                    # machine warmed (or tired) by the first.
+                    pair = (("base", base), ("tree", ROOT))
+                    for label, tree in pair if round_no % 2 == 0 else pair[::-1]:
                         print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
                         runs[label].append(run_spark_once(tree, args.spark) if args.spark
                                            else run_once(

@@ -123,6 +123,13 @@ with grid.connect(cluster_name=os.environ["AB_CLUSTER"]) as client:
 PURE_TREES: set[Path] = set()  # trees run from source (--pure-base)
 
 
+def in_turn(base: Path, round_no: int) -> tuple[tuple[str, Path], ...]:
+    """The two trees in the order round ``round_no`` runs them: each round the other goes
+    first (the second of two runs finds the machine warmed, or tired, by the first)."""
+    pair = (("base", base), ("tree", ROOT))
+    return pair if round_no % 2 == 0 else pair[::-1]
+
+
 def tree_env(tree: Path) -> dict[str, str]:
     """The environment that runs ``tree``'s code: its own modules first, and with
     ``--pure-base`` for the base, every compiled module from source (grid/compiled.py)."""
@@ -214,7 +221,7 @@ def compare_local_reads(base: Path, rounds: int, seconds: float
     try:
         local_client(ROOT, name, "fill", 0)
         for round_no in range(rounds):
-            for label, tree in (("base", base), ("tree", ROOT)):
+            for label, tree in in_turn(base, round_no):
                 found = local_client(tree, name, "read", seconds)
                 print(f"round {round_no + 1}: {label}, {found['hit_share']:.2%} of reads "
                       "answered from shared memory", file=sys.stderr, flush=True)
@@ -291,10 +298,7 @@ def main() -> int:
             else:
                 runs: dict[str, list[dict]] = {"base": [], "tree": []}
                 for round_no in range(args.rounds):
-                    # Each round the other tree goes first: the second of two runs found a
-                    # machine warmed (or tired) by the first.
-                    pair = (("base", base), ("tree", ROOT))
-                    for label, tree in pair if round_no % 2 == 0 else pair[::-1]:
+                    for label, tree in in_turn(base, round_no):
                         print(f"round {round_no + 1}: {label}", file=sys.stderr, flush=True)
                         runs[label].append(run_spark_once(tree, args.spark) if args.spark
                                            else run_once(

@@ -9,13 +9,14 @@
 Checks the revision out into a temporary worktree, then runs the bench alternately against
 each tree (a fresh 3-member cluster for every run, started and stopped with that tree's own
 code; the bench's client is that tree's too, or with ``--same-client`` the working tree's),
-and prints the mean of each operation's entries/s per tree and their ratio, and the
-members' CPU per entry and its ratio where both trees' bench gives it. Alternating spreads
-drift in the machine's speed over both sides. The revision's hot path is compiled in its
-worktree as the working tree's is (grid/compiled.py), so that the code is compared, not the
-build; ``--pure-base`` runs it from source instead. With ``--spark ROWS`` each run is instead
-that tree's ``tools/bench_spark.py`` (its connector, with one timed run of each operation)
-against that tree's cluster; its Parquet rows show the drift between runs.
+and prints the mean of each operation's entries/s per tree and their ratio, and the members'
+CPU per entry and its ratio where both trees' bench gives it. Alternating spreads drift in
+the machine's speed over both sides, and each round the other tree goes first. The
+revision's hot path is compiled in its worktree as the working tree's is (grid/compiled.py),
+so that the code is compared, not the build; ``--pure-base`` runs it from source instead.
+With ``--spark ROWS`` each run is instead that tree's ``tools/bench_spark.py`` (its
+connector, with one timed run of each operation) against that tree's cluster; its Parquet
+rows show the drift between runs.
 
 With ``--local-reads`` each run is that tree's client reading from shared memory (a local
 get, a local get_all of 100 keys spread over partitions and of 100 keys of one hash tag; p50

@@ -4,9 +4,12 @@ the build, or SHMGRID_PURE_PYTHON, runs every compiled module from its source in
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -160,3 +163,43 @@ def test_an_install_that_compiles_nothing_removes_an_earlier_build(tmp_path: Pat
                           capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     assert [path.name for path in planted if path.exists()] == []
+
+
+def test_an_in_place_build_removes_what_an_earlier_one_compiled_and_no_longer_does(
+        tmp_path: Path) -> None:
+    """``pip install -e .`` builds in place; a module taken out of the compiled set since an
+    earlier build would still load its compiled file (Python prefers it to the source, and
+    no guard looks at a module outside the set), as would an old shared library. The build
+    removes them and keeps what it compiles. A scratch tree whose compiled set is one small
+    module stands for the project (the whole hot path takes a minute to compile)."""
+    if importlib.util.find_spec("mypyc") is None:
+        pytest.skip("mypyc is not installed (pip install -e '.[test]' installs it)")
+    if shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is None:
+        pytest.skip("no C compiler: nothing compiles here, the project's hot path neither")
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "grid" / "__init__.py").write_text("")
+    (tmp_path / "grid" / "tiny.py").write_text("def double(n: int) -> int:\n    return 2 * n\n")
+    (tmp_path / "setup.py").write_text((ROOT / "setup.py").read_text())
+    source = (ROOT / "grid" / "compiled.py").read_text()
+    start = source.index("COMPILED_MODULES = (")
+    end = source.index(")\n", start) + 2
+    (tmp_path / "grid" / "compiled.py").write_text(
+        source[:start] + 'COMPILED_MODULES = ("grid.tiny",)\n' + source[end:])
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    stale = [tmp_path / f"39977ae0e400a45ff21a__mypyc{suffix}", tmp_path / f"grid/link{suffix}",
+             tmp_path / f"workers/member{suffix}"]
+    for path in stale:
+        path.write_bytes(b"")
+    env = {key: value for key, value in os.environ.items() if key != compiled.PURE_ENV}
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [path.name for path in stale if path.exists()] == []
+    assert (tmp_path / "grid" / f"tiny{suffix}").exists()
+    assert compiled.read_record(tmp_path) == {
+        "grid.tiny": compiled.source_hash(tmp_path / "grid" / "tiny.py")}
+    ran = subprocess.run([sys.executable, "-c", "import grid.tiny as t; print(t.__file__, "
+                          "t.double(21))"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert ran.stdout.split() == [str(tmp_path / "grid" / f"tiny{suffix}"), "42"], ran.stderr

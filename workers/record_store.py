@@ -123,6 +123,7 @@ class _Fragment:
         "segment",
         "mm",
         "capacity",
+        "reserved",
         "index",
         "top",
         "count",
@@ -138,6 +139,9 @@ class _Fragment:
         self.segment = segment
         self.mm = segment.mm
         self.capacity = segment.size_bytes
+        # The arena's first ``reserved`` bytes have memory behind them (workers/shm.py):
+        # every write past them reserves first, before anything changes.
+        self.reserved = segment.reserved
         self.index: dict[int, int | tuple[int, ...]] = {}
         self.top = 0  # next free offset
         self.count = 0  # live records
@@ -220,6 +224,8 @@ class _Fragment:
         record_size = header_bytes + key_size + value_size
         if self.top + record_size > self.capacity:
             self.make_room(record_size)  # moves records: look up offsets only after this
+        if self.top + record_size > self.reserved:
+            self.reserve(self.top + record_size)
         index = self.index
         mm = self.mm
         h = key_hash(key)
@@ -273,6 +279,7 @@ class _Fragment:
         through ``put``."""
         if self.top + record_bytes_sum > self.capacity:
             self.make_room(record_bytes_sum)
+        self.reserve(self.top + record_bytes_sum)
         if len(keys) >= BLOCK_APPEND_MIN and self.append_new(keys, values, record_bytes_sum):
             return
         # Every put below appends at most its own record, so none of them compacts.
@@ -376,6 +383,7 @@ class _Fragment:
             # A fragment that grows by blocks is being loaded in bulk (a Spark write): each
             # move costs a new segment, its pages and a copy, so it grows by four at a time.
             self.make_room(len(block), BULK_GROWTH)  # moves records: offsets only after this
+        self.reserve(self.top + len(block))
         starts = records.starts_at(self.top)
         count = len(index)
         index.update(zip(hashes, starts, strict=True))
@@ -472,6 +480,13 @@ class _Fragment:
 
     # -- growth and compaction -------------------------------------------------------------
 
+    def reserve(self, end: int) -> None:
+        """Reserve the arena's memory up to ``end`` (OSError, ENOSPC, and nothing changed
+        when /dev/shm is full)."""
+        if end > self.reserved:
+            self.segment.reserve(end)
+            self.reserved = self.segment.reserved
+
     def make_room(self, record_size: int, growth: int = 2) -> None:
         """Move the live records to a new segment with room for ``record_size`` more bytes.
 
@@ -491,9 +506,10 @@ class _Fragment:
     def move_to(self, capacity_new: int) -> None:
         """Copy the live records into a new segment of ``capacity_new`` bytes (at least the
         live bytes) and retire the old one."""
-        segment_new = self.store.new_segment(capacity_new)
+        segment_new = self.store.new_segment(capacity_new, lazy=True)
         remap = None
         try:
+            segment_new.reserve(self.live_bytes)
             if self.garbage_bytes == 0:
                 # Pure growth: the arena is all live records, so copy it whole and keep the
                 # offsets (and the index) as they are.
@@ -511,6 +527,7 @@ class _Fragment:
         self.segment = segment_new
         self.mm = segment_new.mm
         self.capacity = capacity_new
+        self.reserved = segment_new.reserved
         self.top = self.live_bytes
         self.garbage_bytes = 0
         if self.shared is not None:
@@ -623,6 +640,8 @@ class _Fragment:
             raise RecordStoreInvariantError("live_bytes or count disagrees with the records")
         if self.top != self.live_bytes + self.garbage_bytes or self.top > self.capacity:
             raise RecordStoreInvariantError("top != live + garbage, or top past capacity")
+        if self.top > self.reserved or self.reserved != self.segment.reserved:
+            raise RecordStoreInvariantError("records past the arena's reserved memory")
         tuple_count = sum(1 for entry in self.index.values() if entry.__class__ is tuple)
         if tuple_count != self.tuple_entry_count:
             raise RecordStoreInvariantError("tuple_entry_count disagrees with the index")
@@ -901,7 +920,8 @@ class RecordStore:
                     shared.begin()
                 try:
                     index, mm = fragment.index, fragment.mm
-                    top, capacity = fragment.top, fragment.capacity
+                    # (Up to the reserved memory: past it, ``put`` and ``put_many`` reserve.)
+                    top, capacity = fragment.top, fragment.reserved
                     while at < end:
                         h = hashes[at]
                         key, value = keys[at], values[at]
@@ -1254,10 +1274,12 @@ class RecordStore:
                 stale = self._receiving.pop(key, None)
                 if stale is not None:
                     stale.release()
-                self._receiving[key] = _Fragment(self, self.new_segment(arena.size_bytes))
+                self._receiving[key] = _Fragment(self, self.new_segment(arena.size_bytes,
+                                                                        lazy=True))
             fragment = self._receiving.get(key)
             if fragment is None or fragment.capacity != arena.size_bytes:
                 raise FragmentTransferError(f"a chunk of {namespace!r} without its first")
+            fragment.reserve(end)
             with memoryview(fragment.mm) as target:
                 arena.read_into(target[start:end], start)
         entries = _int_field(chunk, "n", 0, top)
@@ -1349,9 +1371,10 @@ class RecordStore:
         return {pid for pid, _ in self._receiving}
 
     def shm_bytes(self) -> int:
-        """Total size of the segments in use (retired ones still read by iterators excluded)."""
+        """The memory the arenas in use hold in /dev/shm: their reserved pages (retired
+        ones still read by iterators excluded)."""
         return sum(
-            fragment.capacity
+            fragment.segment.held_bytes
             for namespaces in self._partitions.values()
             for fragment in namespaces.values()
         )
@@ -1390,15 +1413,16 @@ class RecordStore:
 
     # -- internals -------------------------------------------------------------------------
 
-    def new_segment(self, size_bytes: int) -> Segment:
-        """Create the next ``{prefix}-{n}`` segment, skipping names a stale process left."""
+    def new_segment(self, size_bytes: int, lazy: bool = False) -> Segment:
+        """Create the next ``{prefix}-{n}`` segment, skipping names a stale process left;
+        ``lazy`` for an arena, which reserves its memory as it fills (workers/shm.py)."""
         if self._closed:
             raise RecordStoreClosedError(f"record store {self._segment_prefix!r} is closed")
         for _ in range(segment_name_attempts_max):
             name = f"{self._segment_prefix}-{self._segment_number}"
             self._segment_number += 1
             try:
-                return Segment(name, size_bytes)
+                return Segment(name, size_bytes, lazy)
             except FileExistsError:
                 continue
         raise FileExistsError(
@@ -1412,7 +1436,7 @@ class RecordStore:
         if not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
         size_bytes = max(self._initial_segment_bytes, record_bytes)
-        fragment = _Fragment(self, self.new_segment(size_bytes))
+        fragment = _Fragment(self, self.new_segment(size_bytes, lazy=True))
         self._partitions.setdefault(pid, {})[namespace] = fragment
         self._publish_fragment(pid, namespace, fragment)
         return fragment

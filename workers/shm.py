@@ -22,6 +22,12 @@ import os
 import re
 
 SHM_DIR = "/dev/shm"
+# A segment created ``lazy`` reserves its memory as it fills, at least this much at a time.
+RESERVE_STEP_BYTES = 64 * 1024
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault pages in writable, or fail with EFAULT
+# where a write would raise SIGBUS (a full /dev/shm). Python 3.11's mmap does not name it.
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_populate_works: bool | None = None  # probed on the first lazy segment
 NAME_PREFIX = "shmgrid-"
 name_length_max = 200  # well under NAME_MAX (255), leaving room for tools that add suffixes
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -76,15 +82,22 @@ class Segment:
     (the memory is freed once no process maps it). Both are idempotent. ``pin_count`` lets
     readers (record iterators) keep the mapping alive after the owner retired the segment:
     ``retire`` unlinks at once and closes when the last pin is released.
+
+    Its first ``reserved`` bytes have memory behind them: a write there cannot fail. A
+    segment is reserved whole when it is created, unless it is ``lazy`` (a record arena,
+    which grows by doubling or more and is rarely full): then ``reserve`` reserves up to
+    where its owner is about to write, so that the pages it never fills are never taken
+    and their faults are taken in bulk.
     """
 
-    __slots__ = ("name", "size_bytes", "mm", "pin_count", "_closed", "_unlinked")
+    __slots__ = ("name", "size_bytes", "mm", "pin_count", "reserved", "_closed", "_unlinked")
 
-    def __init__(self, name: str, size_bytes: int) -> None:
+    def __init__(self, name: str, size_bytes: int, lazy: bool = False) -> None:
         """Create the segment ``name`` of ``size_bytes`` and map it; fail if it exists.
 
-        The memory is reserved with posix_fallocate so that a full /dev/shm fails here with
-        an OSError (ENOSPC) instead of killing the process with SIGBUS on a later write.
+        The memory is reserved (posix_fallocate, or ``reserve`` as it fills when ``lazy``
+        and the kernel can) so that a full /dev/shm fails with an OSError (ENOSPC) instead of
+        killing the process with SIGBUS on a later write.
         """
         validate_name(name)
         if not isinstance(size_bytes, int) or size_bytes <= 0:
@@ -97,11 +110,15 @@ class Segment:
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR
         fd = _posixshmem.shm_open("/" + name, flags, mode=_SHM_MODE)
         try:
-            _reserve(fd, size_bytes)
+            os.ftruncate(fd, size_bytes)
             # mmap keeps its own duplicate of fd, so ours can be closed right away.
             self.mm = mmap.mmap(
                 fd, size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
+            self.reserved = 0
+            if not (lazy and _populates(self)):
+                _fallocate(fd, size_bytes)
+                self.reserved = size_bytes
         except BaseException:
             _posixshmem.shm_unlink("/" + name)
             self._closed = True
@@ -110,6 +127,26 @@ class Segment:
         finally:
             os.close(fd)
         assert len(self.mm) == size_bytes
+
+    def reserve(self, end: int) -> None:
+        """Make the first ``end`` bytes writable without fault: reserve their memory (and
+        at least ``RESERVE_STEP_BYTES`` more, to the segment's end at most). OSError
+        (ENOSPC) when /dev/shm has no room for them; nothing is written then."""
+        start = self.reserved
+        if end <= start:
+            return
+        if end > self.size_bytes:
+            raise ValueError(f"{self.name} has {self.size_bytes} bytes; {end} were asked for")
+        page = mmap.PAGESIZE
+        stop = min(self.size_bytes, max((end + page - 1) // page * page,
+                                        start + RESERVE_STEP_BYTES))
+        _populate(self, start, stop - start)
+        self.reserved = stop
+
+    @property
+    def held_bytes(self) -> int:
+        """The memory the segment holds in /dev/shm: its reserved bytes in whole pages."""
+        return -(-self.reserved // mmap.PAGESIZE) * mmap.PAGESIZE
 
     @property
     def closed(self) -> bool:
@@ -160,9 +197,35 @@ class Segment:
         return f"Segment({self.name!r}, {self.size_bytes}, {state}, pins={self.pin_count})"
 
 
-def _reserve(fd: int, size_bytes: int) -> None:
-    """Size the segment and reserve its memory where the platform can."""
-    os.ftruncate(fd, size_bytes)
+def _populates(segment: Segment) -> bool:
+    """Whether lazy reservation works here: the first lazy segment tries it on its first
+    page (``reserve`` then goes on from there)."""
+    global _populate_works
+    if _populate_works is None:
+        try:
+            first = min(segment.size_bytes, mmap.PAGESIZE)
+            _populate(segment, 0, first)
+            segment.reserved = first
+            _populate_works = True
+        except OSError as error:
+            if error.errno != errno.EINVAL:  # (EINVAL: a kernel before 5.14)
+                raise
+            _populate_works = False
+    return _populate_works
+
+
+def _populate(segment: Segment, start: int, length: int) -> None:
+    try:
+        segment.mm.madvise(_MADV_POPULATE_WRITE, start, length)
+    except OSError as error:
+        if error.errno != errno.EFAULT:  # a write would have raised SIGBUS: no memory
+            raise
+        raise OSError(errno.ENOSPC, f"no room in {SHM_DIR} for {length} more bytes of "
+                                    f"segment {segment.name}") from None
+
+
+def _fallocate(fd: int, size_bytes: int) -> None:
+    """Reserve the segment's memory where the platform can."""
     try:
         os.posix_fallocate(fd, 0, size_bytes)
     except OSError as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import errno
 import gc
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from hypothesis.stateful import (
 )
 
 from tests.workers.conftest import replace_key_hash, unique_prefix
+from workers import shm
 from workers.local_reads import LocalReadDirectory
 from workers.record_store import (
     RecordStore,
@@ -26,13 +28,16 @@ from workers.record_store import (
     ValueTooLargeError,
     header_bytes,
 )
-from workers.shm import SHM_DIR, list_segments, remove_segments
+from workers.shm import SHM_DIR, Segment, list_segments, remove_segments
 
 NS = "map"
 
 
-def segment_bytes_on_disk(prefix: str) -> int:
-    return sum(os.stat(os.path.join(SHM_DIR, name)).st_size for name in list_segments(prefix))
+def segment_bytes_held(prefix: str) -> int:
+    """The memory the prefix's segments hold in /dev/shm (their pages, not their sizes:
+    an arena reserves its pages as it fills)."""
+    return sum(os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+               for name in list_segments(prefix))
 
 
 def fragment_count(store: RecordStore) -> int:
@@ -75,7 +80,7 @@ def test_fragments_are_separate(make_store, shm_prefix: str) -> None:
     assert store.namespaces(3) == []
     assert store.partitions() == [1, 2]
     assert len(list_segments(shm_prefix)) == 3  # one segment per fragment
-    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix) == 3 * 64 * 1024
+    assert store.shm_bytes() == segment_bytes_held(shm_prefix) == 3 * 64 * 1024
 
 
 def test_bytes_like_keys_and_values_are_accepted_and_bytes_come_back(make_store) -> None:
@@ -174,6 +179,99 @@ def test_constructor_checks_its_arguments(shm_prefix: str) -> None:
     with pytest.raises(ValueError):
         RecordStore(shm_prefix, max_record_bytes=1 << 32)
     assert list_segments(shm_prefix) == []
+
+
+# -- memory held ------------------------------------------------------------------------------
+
+
+def _written(store: RecordStore, path: str, pid: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    """Write ``pairs`` into ``pid`` the way ``path`` names: a put each, one put_many, a
+    record block (as the Spark writer sends them), or put_runs (as a put_all does)."""
+    from tests.workers.test_record_block import frame_of
+    from workers.record_block import parse_records
+
+    if path == "put":
+        for key, value in pairs:
+            store.put(pid, NS, key, value)
+    elif path == "put_many":
+        store.put_many(pid, NS, pairs)
+    elif path == "block":
+        store.put_groups(NS, [(pid, parse_records(frame_of(pairs), len(pairs)))])
+    else:
+        store.put_runs(NS, *_runs([(pid, pairs)]))
+
+
+@pytest.mark.parametrize("path", ["put", "put_many", "block", "put_runs"])
+def test_an_arena_holds_the_memory_it_fills_not_its_size(make_store, shm_prefix: str,
+                                                         path: str) -> None:
+    """An arena grows by doubling (a block's by four), but its pages are reserved as it
+    fills: what the store holds in /dev/shm is its records and less than a reserving step
+    more, not the arenas' sizes."""
+    store = make_store()  # 64 KiB arenas to start
+    for n in range(5):
+        _written(store, path, 1, [(b"k%d-%d" % (n, i), b"v" * 100) for i in range(300)])
+        store._check()  # (no record past the reserved memory, batch by batch)
+    if not shm._populate_works:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE: arenas are reserved whole")
+    fragment = store._partitions[1][NS]
+    assert fragment.capacity - fragment.top > shm.RESERVE_STEP_BYTES + 4096  # room unused
+    assert fragment.top <= store.shm_bytes() <= fragment.top + shm.RESERVE_STEP_BYTES + 4096
+    assert store.shm_bytes() == segment_bytes_held(shm_prefix)
+    # A batch past the reserved memory that fits the arena: it reserves before it writes.
+    assert fragment.top + 600 * 113 < fragment.capacity
+    _written(store, path, 1, [(b"more-%d" % i, b"v" * 100) for i in range(600)])
+    assert store.size(1, NS) == 2100
+    store._check()
+
+
+@pytest.mark.parametrize("path", ["put", "put_many", "block", "put_runs", "receive"])
+def test_a_full_dev_shm_fails_a_write_and_changes_nothing(make_store, monkeypatch,
+                                                         path: str) -> None:
+    """No room in /dev/shm for what a write needs (reserving fails with ENOSPC): the write
+    raises, before it changes anything, and succeeds once there is room again; a
+    migration's chunk is not taken. (A put_all's runs are puts in turn: those before the
+    one that found no room stay written, as when a new arena could not be made.)"""
+    store = make_store()
+    for pid in (1, 3):
+        store.put(pid, NS, b"old", b"o" * 50)
+    # More than the arena holds: one record for a put, 80 for a batch.
+    pairs = [(b"big", b"x" * 80_000)] if path == "put" else \
+        [(b"a%d" % i, b"x" * 1000) for i in range(80)]
+    before = {pid: (store.concatenated(pid, NS), store.size(pid, NS)) for pid in (1, 3)}
+    held = store.shm_bytes()
+
+    def no_room(segment: Segment, end: int) -> None:
+        if end > segment.reserved:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Segment, "reserve", no_room)
+        with pytest.raises(OSError) as caught:
+            if path == "receive":
+                peer = make_store()
+                loan = store.lend(3, NS)
+                try:
+                    for chunk in loan.chunks(1 << 20):
+                        peer.receive(3, chunk)
+                finally:
+                    loan.release()
+            else:
+                _written(store, path, 1, pairs)
+        assert caught.value.errno == errno.ENOSPC
+    store._check()
+    if path == "put_runs":
+        written = [key for key, _ in pairs if store.contains(1, NS, key)]
+        assert 0 < len(written) < len(pairs) and written == [k for k, _ in pairs][:len(written)]
+        assert store.get(1, NS, b"old") == b"o" * 50
+    else:
+        after = {pid: (store.concatenated(pid, NS), store.size(pid, NS)) for pid in (1, 3)}
+        assert after == before and store.shm_bytes() == held
+    if path == "receive":
+        assert peer.partitions() == []
+        return
+    _written(store, path, 1, pairs)  # room again
+    assert store.size(1, NS) == 1 + len(pairs) and store.get(1, NS, pairs[-1][0]) == pairs[-1][1]
+    store._check()
 
 
 # -- too large --------------------------------------------------------------------------------
@@ -361,7 +459,7 @@ def test_growth_keeps_every_record_and_one_segment_per_fragment(
     assert dict(store.items(3, NS)) == model
     assert store.get_many(3, NS, list(model)) == list(model.values())
     assert len(list_segments(shm_prefix)) == 1
-    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix)
+    assert store.shm_bytes() == segment_bytes_held(shm_prefix)
     store._check()
 
 
@@ -471,7 +569,7 @@ def test_drop_partition_unlinks_every_namespace(make_store, shm_prefix: str) -> 
     assert store.partitions() == [2]
     assert store.namespaces(1) == []
     assert len(list_segments(shm_prefix)) == 1
-    assert store.shm_bytes() == segment_bytes_on_disk(shm_prefix)
+    assert store.shm_bytes() == segment_bytes_held(shm_prefix)
 
 
 def test_close_is_idempotent_and_leaves_nothing(shm_prefix: str) -> None:
@@ -813,7 +911,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(self.store.partitions()) <= set(partitions)
         # One linked segment per fragment, and shm_bytes counts exactly those.
         assert len(list_segments(self.prefix)) == fragment_count(self.store)
-        assert self.store.shm_bytes() == segment_bytes_on_disk(self.prefix)
+        assert self.store.shm_bytes() == segment_bytes_held(self.prefix)
 
     def teardown(self) -> None:
         try:

@@ -170,3 +170,65 @@ def test_remove_segments_cleans_up_after_a_killed_member(shm_prefix: str) -> Non
     assert len(left) == 5
     assert remove_segments(shm_prefix) == left
     assert list_segments(shm_prefix) == []
+
+
+def _pages_held(name: str) -> int:
+    return os.stat(shm_path(name)).st_blocks * 512
+
+
+def test_a_lazy_segment_holds_only_the_pages_it_reserved(shm_prefix: str) -> None:
+    """A lazy segment (a record arena) takes memory as its owner reserves it, at least
+    ``RESERVE_STEP_BYTES`` at a time, never past its size; a segment made whole holds all."""
+    page = shm.mmap.PAGESIZE
+    whole = Segment(f"{shm_prefix}-0", 300_000)
+    lazy = Segment(f"{shm_prefix}-1", 1 << 20, lazy=True)
+    try:
+        if not shm._populate_works:
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE: segments are made whole")
+        assert whole.reserved == 300_000 and _pages_held(whole.name) >= 300_000
+        assert lazy.reserved <= page and _pages_held(lazy.name) == lazy.held_bytes
+        lazy.reserve(100_001)
+        assert lazy.reserved == 100_001 + page - 100_001 % page
+        assert _pages_held(lazy.name) == lazy.held_bytes == lazy.reserved
+        lazy.mm[0:lazy.reserved] = b"x" * lazy.reserved
+        assert _pages_held(lazy.name) == lazy.reserved  # writing there took nothing more
+        before = lazy.reserved
+        lazy.reserve(before + 1)  # a small step still reserves a whole step
+        assert lazy.reserved == before + shm.RESERVE_STEP_BYTES
+        with pytest.raises(ValueError, match="were asked for"):
+            lazy.reserve((1 << 20) + 1)
+        lazy.reserve(1 << 20)
+        assert lazy.reserved == 1 << 20 == _pages_held(lazy.name)
+    finally:
+        for segment in (whole, lazy):
+            segment.close()
+            segment.unlink()
+
+
+def test_reserving_what_a_write_could_not_have_is_no_room_not_a_sigbus(tmp_path) -> None:
+    """Where a write would kill the process with SIGBUS (a full /dev/shm; here, a mapping
+    past its file's end), reserving fails with ENOSPC and the process goes on."""
+    import errno
+    import mmap
+    import types
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "short"
+    path.write_bytes(b"\0" * 2 * page)
+    with open(path, "r+b") as file:
+        mm = mmap.mmap(file.fileno(), 2 * page)
+        file.truncate(page)  # the mapping's second page lies past the end now
+    try:
+        segment = types.SimpleNamespace(name="short", mm=mm)
+        try:
+            shm._populate(segment, 0, page)
+        except OSError as error:
+            if error.errno == errno.EINVAL:
+                pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+            raise
+        with pytest.raises(OSError) as caught:
+            shm._populate(segment, page, page)
+        assert caught.value.errno == errno.ENOSPC
+        assert "segment short" in str(caught.value)
+    finally:
+        mm.close()

@@ -120,6 +120,9 @@ class Segment:
                 _fallocate(fd, size_bytes)
                 self.reserved = size_bytes
         except BaseException:
+            mm = getattr(self, "mm", None)
+            if mm is not None:  # mapped, then its memory could not be reserved
+                mm.close()
             _posixshmem.shm_unlink("/" + name)
             self._closed = True
             self._unlinked = True

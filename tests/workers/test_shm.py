@@ -232,3 +232,20 @@ def test_reserving_what_a_write_could_not_have_is_no_room_not_a_sigbus(tmp_path)
         assert "segment short" in str(caught.value)
     finally:
         mm.close()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_segment_whose_memory_cannot_be_reserved_leaves_nothing(shm_prefix: str, monkeypatch,
+                                                                  lazy: bool) -> None:
+    import errno
+
+    def no_room(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shm, "_fallocate", no_room)
+    monkeypatch.setattr(shm, "_populate", no_room)
+    monkeypatch.setattr(shm, "_populate_works", None)  # (a lazy segment probes first)
+    with pytest.raises(OSError) as caught:
+        Segment(f"{shm_prefix}-0", 100_000, lazy=lazy)
+    assert caught.value.errno == errno.ENOSPC
+    assert list_segments(shm_prefix) == []

@@ -22,7 +22,9 @@ import os
 import re
 
 SHM_DIR = "/dev/shm"
-# A segment created ``lazy`` reserves its memory as it fills, at least this much at a time.
+# A segment created ``lazy`` reserves its memory as it fills: what a write needs, and once
+# it holds some, a quarter of that more, up to this much (a page fault costs more than a
+# page reserved ahead, but a fragment of a few keys should hold one page, not sixteen).
 RESERVE_STEP_BYTES = 64 * 1024
 # madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault pages in writable, or fail with EFAULT
 # where a write would raise SIGBUS (a full /dev/shm). Python 3.11's mmap does not name it.
@@ -132,17 +134,18 @@ class Segment:
         assert len(self.mm) == size_bytes
 
     def reserve(self, end: int) -> None:
-        """Make the first ``end`` bytes writable without fault: reserve their memory (and
-        at least ``RESERVE_STEP_BYTES`` more, to the segment's end at most). OSError
-        (ENOSPC) when /dev/shm has no room for them; nothing is written then."""
+        """Make the first ``end`` bytes writable without fault: reserve their memory, in
+        whole pages, and a quarter of what is reserved more (``RESERVE_STEP_BYTES`` at
+        most; the segment's end at most). OSError (ENOSPC) when /dev/shm has no room for
+        them; nothing is written then."""
         start = self.reserved
         if end <= start:
             return
         if end > self.size_bytes:
             raise ValueError(f"{self.name} has {self.size_bytes} bytes; {end} were asked for")
         page = mmap.PAGESIZE
-        stop = min(self.size_bytes, max((end + page - 1) // page * page,
-                                        start + RESERVE_STEP_BYTES))
+        ahead = max(end, start + min(RESERVE_STEP_BYTES, start // 4))
+        stop = min(self.size_bytes, (ahead + page - 1) // page * page)
         _populate(self, start, stop - start)
         self.reserved = stop
 

@@ -177,8 +177,9 @@ def _pages_held(name: str) -> int:
 
 
 def test_a_lazy_segment_holds_only_the_pages_it_reserved(shm_prefix: str) -> None:
-    """A lazy segment (a record arena) takes memory as its owner reserves it, at least
-    ``RESERVE_STEP_BYTES`` at a time, never past its size; a segment made whole holds all."""
+    """A lazy segment (a record arena) takes memory as its owner reserves it, in pages, a
+    quarter more than it holds at a time (up to ``RESERVE_STEP_BYTES``), never past its size;
+    a segment made whole holds all."""
     page = shm.mmap.PAGESIZE
     whole = Segment(f"{shm_prefix}-0", 300_000)
     lazy = Segment(f"{shm_prefix}-1", 1 << 20, lazy=True)
@@ -193,7 +194,11 @@ def test_a_lazy_segment_holds_only_the_pages_it_reserved(shm_prefix: str) -> Non
         lazy.mm[0:lazy.reserved] = b"x" * lazy.reserved
         assert _pages_held(lazy.name) == lazy.reserved  # writing there took nothing more
         before = lazy.reserved
-        lazy.reserve(before + 1)  # a small step still reserves a whole step
+        lazy.reserve(before + 1)  # a small step reserves a quarter of what it holds more
+        assert lazy.reserved == before + before // 4 + page - (before + before // 4) % page
+        lazy.reserve(600_000)
+        before = lazy.reserved
+        lazy.reserve(before + 1)  # ...up to a step
         assert lazy.reserved == before + shm.RESERVE_STEP_BYTES
         with pytest.raises(ValueError, match="were asked for"):
             lazy.reserve((1 << 20) + 1)

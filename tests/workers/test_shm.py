@@ -254,3 +254,26 @@ def test_a_segment_whose_memory_cannot_be_reserved_leaves_nothing(shm_prefix: st
         Segment(f"{shm_prefix}-0", 100_000, lazy=lazy)
     assert caught.value.errno == errno.ENOSPC
     assert list_segments(shm_prefix) == []
+
+
+def test_a_kernel_without_populate_makes_lazy_segments_whole(shm_prefix: str,
+                                                             monkeypatch) -> None:
+    """Before Linux 5.14 ``MADV_POPULATE_WRITE`` is EINVAL: the first lazy segment finds
+    out, and it and every later one are reserved whole when made, as before."""
+    import errno
+
+    def unknown_advice(*args: object) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(shm, "_populate", unknown_advice)
+    monkeypatch.setattr(shm, "_populate_works", None)
+    segments = [Segment(f"{shm_prefix}-{n}", 100_000, lazy=True) for n in range(2)]
+    try:
+        assert shm._populate_works is False
+        for segment in segments:
+            assert segment.reserved == 100_000 and _pages_held(segment.name) >= 100_000
+            segment.reserve(100_000)  # (nothing left to reserve: no populate)
+    finally:
+        for segment in segments:
+            segment.close()
+            segment.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import errno
 import gc
+import mmap
 import os
 from collections.abc import Callable
 
@@ -20,8 +21,10 @@ from hypothesis.stateful import (
 )
 
 from tests.workers.conftest import replace_key_hash, unique_prefix
+from tests.workers.test_record_block import frame_of
 from workers import shm
 from workers.local_reads import LocalReadDirectory
+from workers.record_block import parse_records
 from workers.record_store import (
     RecordStore,
     RecordStoreClosedError,
@@ -81,7 +84,7 @@ def test_fragments_are_separate(make_store, shm_prefix: str) -> None:
     assert store.partitions() == [1, 2]
     assert len(list_segments(shm_prefix)) == 3  # one segment per fragment
     # Each arena is 64 KiB; one with a record holds a page of it (or all, reserved whole).
-    held = shm.mmap.PAGESIZE if shm._populate_works else 64 * 1024
+    held = mmap.PAGESIZE if shm._populate_works else 64 * 1024
     assert store.shm_bytes() == segment_bytes_held(shm_prefix) == 3 * held
 
 
@@ -189,9 +192,6 @@ def test_constructor_checks_its_arguments(shm_prefix: str) -> None:
 def _written(store: RecordStore, path: str, pid: int, pairs: list[tuple[bytes, bytes]]) -> None:
     """Write ``pairs`` into ``pid`` the way ``path`` names: a put each, one put_many, a
     record block (as the Spark writer sends them), or put_runs (as a put_all does)."""
-    from tests.workers.test_record_block import frame_of
-    from workers.record_block import parse_records
-
     if path == "put":
         for key, value in pairs:
             store.put(pid, NS, key, value)

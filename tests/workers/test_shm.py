@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -180,7 +183,7 @@ def test_a_lazy_segment_holds_only_the_pages_it_reserved(shm_prefix: str) -> Non
     """A lazy segment (a record arena) takes memory as its owner reserves it, in pages, a
     quarter more than it holds at a time (up to ``RESERVE_STEP_BYTES``), never past its size;
     a segment made whole holds all."""
-    page = shm.mmap.PAGESIZE
+    page = mmap.PAGESIZE
     whole = Segment(f"{shm_prefix}-0", 300_000)
     lazy = Segment(f"{shm_prefix}-1", 1 << 20, lazy=True)
     try:
@@ -213,10 +216,6 @@ def test_a_lazy_segment_holds_only_the_pages_it_reserved(shm_prefix: str) -> Non
 def test_reserving_what_a_write_could_not_have_is_no_room_not_a_sigbus(tmp_path) -> None:
     """Where a write would kill the process with SIGBUS (a full /dev/shm; here, a mapping
     past its file's end), reserving fails with ENOSPC and the process goes on."""
-    import errno
-    import mmap
-    import types
-
     page = mmap.PAGESIZE
     path = tmp_path / "short"
     path.write_bytes(b"\0" * 2 * page)
@@ -242,8 +241,6 @@ def test_reserving_what_a_write_could_not_have_is_no_room_not_a_sigbus(tmp_path)
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_segment_whose_memory_cannot_be_reserved_leaves_nothing(shm_prefix: str, monkeypatch,
                                                                   lazy: bool) -> None:
-    import errno
-
     def no_room(*args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -260,8 +257,6 @@ def test_a_kernel_without_populate_makes_lazy_segments_whole(shm_prefix: str,
                                                              monkeypatch) -> None:
     """Before Linux 5.14 ``MADV_POPULATE_WRITE`` is EINVAL: the first lazy segment finds
     out, and it and every later one are reserved whole when made, as before."""
-    import errno
-
     def unknown_advice(*args: object) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 

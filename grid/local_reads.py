@@ -169,12 +169,14 @@ def records(index: object, arena: object, max_bytes: int | None = None
 
 def fragment_copy(index: object, arena: object, max_bytes: int | None = None
                   ) -> tuple[bytes, bytes] | object:
-    """A fragment's index table and its whole arena segment, copied as they are: two copies
-    and no Python per record (finding the last record would cost a pass over the table),
-    for a reader that decodes the records in bulk; ``records`` of the pair gives what
-    ``records`` of the fragment gives. RETRY as ``records``; TOO_LARGE when the arena
-    segment is larger than ``max_bytes``. A segment holds up to about four times its live
-    records (it doubles as it grows, and is compacted once half of it is garbage)."""
+    """A fragment's index table and its arena up to the end of its last indexed record,
+    copied as they are: two copies and no Python per record, for a reader that decodes the
+    records in bulk; ``records`` of the pair gives what ``records`` of the fragment gives.
+    RETRY as ``records``; TOO_LARGE when that part of the arena is larger than ``max_bytes``.
+    It holds the live records, and the garbage among them until the arena is compacted (once
+    garbage is half of the memory it holds)."""
+    import numpy as np  # (only a bulk reader, Spark's, copies fragments: it has numpy loaded)
+
     capacity = INDEX_HEADER.unpack_from(index, 0)[0]  # type: ignore[arg-type]
     if capacity == 0 or capacity & (capacity - 1):
         return RETRY
@@ -182,9 +184,20 @@ def fragment_copy(index: object, arena: object, max_bytes: int | None = None
     table = index[:size]  # type: ignore[index]
     if len(table) != size:
         return RETRY
-    if max_bytes is not None and len(arena) > max_bytes:  # type: ignore[arg-type]
+    # The arena is large and mostly unwritten (workers/record_store.py): copy what the
+    # records fill, to the end of the one at the highest offset.
+    last_1 = int(np.frombuffer(table, "<u8", offset=INDEX_HEADER.size)[1::2].max())
+    end = 0
+    if last_1:
+        if last_1 - 1 + RECORD_HEADER.size > len(arena):  # type: ignore[arg-type]
+            return RETRY
+        key_size, value_size = RECORD_HEADER.unpack_from(arena, last_1 - 1)  # type: ignore[arg-type]
+        end = last_1 - 1 + RECORD_HEADER.size + key_size + value_size
+        if end > len(arena):  # type: ignore[arg-type]
+            return RETRY
+    if max_bytes is not None and end > max_bytes:
         return TOO_LARGE
-    return table, arena[:]  # type: ignore[index]
+    return table, arena[:end]  # type: ignore[index]
 
 
 def probe(index: object, arena: object, h: int, key: bytes,

@@ -4,9 +4,10 @@ A fragment is one (partition id, namespace). Each fragment owns one shared-memor
 as a bump-allocated arena of records ``[u32 key_len][u32 value_len][key][value]`` (little
 endian, unaligned). The Python heap holds only the index: a dict from a 64-bit MurmurHash3 of
 the key to the record's offset (on a hash collision, a tuple of offsets; the key bytes in
-shared memory decide). Overwrites and removes leave garbage in the arena; when a record does
-not fit, the live records are copied into a fresh segment (compaction, growing it when needed)
-and the old segment is unlinked.
+shared memory decide). An arena is made large (``ARENA_SPAN_BYTES``) and holds only the pages
+its records fill: a fragment grows in place. Overwrites and removes leave garbage in it; when
+half of the memory it holds is garbage, or a record does not fit, the live records are copied
+into a fresh segment (compaction, growing it when needed) and the old segment is unlinked.
 
 Records are immutable once written while any iterator holds the segment (see ``items``), so an
 iterator sees a consistent snapshot: later puts append elsewhere, compaction writes a new
@@ -43,7 +44,7 @@ from grid.partition.merkle import (
 )
 from workers.local_reads import LocalReadDirectory, SharedFragment
 from workers.record_block import RecordBlock, iterate_records
-from workers.shm import Segment, SegmentReader, validate_prefix
+from workers.shm import Segment, SegmentReader, reserves_lazily, validate_prefix
 
 __all__ = ["FragmentLoan", "RecordStore", "RecordStoreClosedError", "ValueTooLargeError",
            "key_hash"]
@@ -57,6 +58,15 @@ Buffer = bytes | bytearray | memoryview  # a value as the store takes it: its le
 # A batch of at least this many pairs tries the block append (``_Fragment.append_new``).
 BLOCK_APPEND_MIN = 8
 BULK_GROWTH = 4  # how much an arena grows when a block of records does not fit
+# An arena's size when made, where its memory is reserved as it fills (workers/shm.py): it
+# holds only the pages its records fill, so it can be made large, and a fragment grows in
+# place, without the copies and new pages of a move, up to this much. Where memory is
+# reserved whole when the segment is made, ``ARENA_BYTES_WHOLE``, doubled as it fills.
+ARENA_SPAN_BYTES = 256 * 1024 * 1024
+ARENA_BYTES_WHOLE = 64 * 1024
+# Garbage (overwritten or removed records) worth compacting an arena for, once it is half of
+# the memory the arena holds.
+COMPACT_GARBAGE_MIN = 32 * 1024
 _HASH_MASK = (1 << 64) - 1
 HASH_SPACE = 1 << 64  # key hashes are below this: where a scan ends
 _NO_FRAGMENTS: dict[str, Any] = {}
@@ -222,10 +232,8 @@ class _Fragment:
         key_size = len(key)
         value_size = len(value)
         record_size = header_bytes + key_size + value_size
-        if self.top + record_size > self.capacity:
-            self.make_room(record_size)  # moves records: look up offsets only after this
         if self.top + record_size > self.reserved:
-            self.reserve(self.top + record_size)
+            self.make_room(record_size)  # may move records: look up offsets only after this
         index = self.index
         mm = self.mm
         h = key_hash(key)
@@ -277,9 +285,8 @@ class _Fragment:
         keys and same-size overwrites are written inline (a batch's records are most of
         what a put_all, a Spark write or a restore costs a member), and anything else goes
         through ``put``."""
-        if self.top + record_bytes_sum > self.capacity:
+        if self.top + record_bytes_sum > self.reserved:
             self.make_room(record_bytes_sum)
-        self.reserve(self.top + record_bytes_sum)
         if len(keys) >= BLOCK_APPEND_MIN and self.append_new(keys, values, record_bytes_sum):
             return
         # Every put below appends at most its own record, so none of them compacts.
@@ -379,11 +386,10 @@ class _Fragment:
         if self.tree is not None:
             raise RecordStoreInvariantError("a block append into a fragment with a tree")
         block = records.block()
-        if self.top + len(block) > self.capacity:
+        if self.top + len(block) > self.reserved:
             # A fragment that grows by blocks is being loaded in bulk (a Spark write): each
             # move costs a new segment, its pages and a copy, so it grows by four at a time.
-            self.make_room(len(block), BULK_GROWTH)  # moves records: offsets only after this
-        self.reserve(self.top + len(block))
+            self.make_room(len(block), BULK_GROWTH)  # may move records: offsets only after
         starts = records.starts_at(self.top)
         count = len(index)
         index.update(zip(hashes, starts, strict=True))
@@ -488,20 +494,25 @@ class _Fragment:
             self.reserved = self.segment.reserved
 
     def make_room(self, record_size: int, growth: int = 2) -> None:
-        """Move the live records to a new segment with room for ``record_size`` more bytes.
-
-        Same size when at least half the arena is garbage and that suffices, else
-        max(``growth`` times, needed). Creating the new segment comes first, so a failure
-        changes nothing.
+        """Reserve the memory of ``record_size`` more bytes at ``top``; first move the live
+        records to a new segment (``move_to``) when the arena has no room for them, or when
+        half of the memory it holds is garbage worth a copy of the records
+        (``COMPACT_GARBAGE_MIN`` at least: an arena of a few keys rewritten is not moved at
+        every page). The new segment is as large as the old when that makes room, else
+        max(``growth`` times, needed). A failure changes nothing.
         """
-        required = self.live_bytes + record_size
-        if self.garbage_bytes * 2 >= self.capacity and required <= self.capacity:
-            capacity_new = self.capacity
-        else:
-            capacity_new = max(growth * self.capacity, required)
-        self.move_to(capacity_new)
-        if self.top + record_size > self.capacity:
-            raise RecordStoreInvariantError("compaction made too little room")
+        garbage = self.garbage_bytes
+        compact = garbage * 2 >= self.reserved and garbage >= COMPACT_GARBAGE_MIN
+        if compact or self.top + record_size > self.capacity:
+            required = self.live_bytes + record_size
+            if required <= self.capacity and (compact or garbage * 2 >= self.capacity):
+                capacity_new = self.capacity
+            else:
+                capacity_new = max(growth * self.capacity, required)
+            self.move_to(capacity_new)
+            if self.top + record_size > self.capacity:
+                raise RecordStoreInvariantError("compaction made too little room")
+        self.reserve(self.top + record_size)
 
     def move_to(self, capacity_new: int) -> None:
         """Copy the live records into a new segment of ``capacity_new`` bytes (at least the
@@ -780,11 +791,13 @@ class RecordStore:
     def __init__(
         self,
         segment_prefix: str,
-        initial_segment_bytes: int = 64 * 1024,
+        initial_segment_bytes: int | None = None,
         max_record_bytes: int = 64 * 1024 * 1024,
         merkle_depth: object = 10,
     ) -> None:
         validate_prefix(segment_prefix)
+        if initial_segment_bytes is None:
+            initial_segment_bytes = ARENA_SPAN_BYTES if reserves_lazily() else ARENA_BYTES_WHOLE
         if not isinstance(initial_segment_bytes, int) or initial_segment_bytes <= 0:
             raise ValueError(f"initial_segment_bytes must be > 0, got {initial_segment_bytes!r}")
         if not isinstance(max_record_bytes, int) or not 0 < max_record_bytes <= u32_max:

@@ -29,7 +29,7 @@ RESERVE_STEP_BYTES = 64 * 1024
 # madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault pages in writable, or fail with EFAULT
 # where a write would raise SIGBUS (a full /dev/shm). Python 3.11's mmap does not name it.
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-_populate_works: bool | None = None  # probed on the first lazy segment
+_populate_works: bool | None = None  # probed once, by ``reserves_lazily``
 NAME_PREFIX = "shmgrid-"
 name_length_max = 200  # well under NAME_MAX (255), leaving room for tools that add suffixes
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -118,7 +118,7 @@ class Segment:
                 fd, size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
             self.reserved = 0
-            if not (lazy and _populates(self)):
+            if not (lazy and reserves_lazily()):
                 _fallocate(fd, size_bytes)
                 self.reserved = size_bytes
         except BaseException:
@@ -146,7 +146,7 @@ class Segment:
         page = mmap.PAGESIZE
         ahead = max(end, start + min(RESERVE_STEP_BYTES, start // 4))
         stop = min(self.size_bytes, (ahead + page - 1) // page * page)
-        _populate(self, start, stop - start)
+        _populate(self.mm, self.name, start, stop - start)
         self.reserved = stop
 
     @property
@@ -203,31 +203,31 @@ class Segment:
         return f"Segment({self.name!r}, {self.size_bytes}, {state}, pins={self.pin_count})"
 
 
-def _populates(segment: Segment) -> bool:
-    """Whether lazy reservation works here: the first lazy segment tries it on its first
-    page (``reserve`` then goes on from there)."""
+def reserves_lazily() -> bool:
+    """Whether a ``lazy`` segment reserves its memory as it fills (``MADV_POPULATE_WRITE``,
+    Linux 5.14) or is reserved whole when made. Probed once, on a page of anonymous shared
+    memory (the kind /dev/shm holds)."""
     global _populate_works
     if _populate_works is None:
-        try:
-            first = min(segment.size_bytes, mmap.PAGESIZE)
-            _populate(segment, 0, first)
-            segment.reserved = first
-            _populate_works = True
-        except OSError as error:
-            if error.errno != errno.EINVAL:  # (EINVAL: a kernel before 5.14)
-                raise
-            _populate_works = False
+        with mmap.mmap(-1, mmap.PAGESIZE) as probe:
+            try:
+                _populate(probe, "probe", 0, mmap.PAGESIZE)
+                _populate_works = True
+            except OSError as error:
+                if error.errno != errno.EINVAL:  # (EINVAL: a kernel before 5.14)
+                    raise
+                _populate_works = False
     return _populate_works
 
 
-def _populate(segment: Segment, start: int, length: int) -> None:
+def _populate(mm: mmap.mmap, name: str, start: int, length: int) -> None:
     try:
-        segment.mm.madvise(_MADV_POPULATE_WRITE, start, length)
+        mm.madvise(_MADV_POPULATE_WRITE, start, length)
     except OSError as error:
         if error.errno != errno.EFAULT:  # a write would have raised SIGBUS: no memory
             raise
         raise OSError(errno.ENOSPC, f"no room in {SHM_DIR} for {length} more bytes of "
-                                    f"segment {segment.name}") from None
+                                    f"segment {name}") from None
 
 
 def _fallocate(fd: int, size_bytes: int) -> None:

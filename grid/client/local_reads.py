@@ -194,7 +194,7 @@ class LocalReader:
                       max_bytes: int | None = None) -> tuple[bytes, bytes] | None | Any:
         """``scan`` for a reader that decodes in bulk: the fragment's index table and arena
         as copied (grid/local_reads.py, ``fragment_copy``), None when there is no fragment;
-        MISS when the arena segment is larger than ``max_bytes``."""
+        MISS when its part of the arena is larger than ``max_bytes``."""
         return self._read(namespace, pid, owner_uuid, owner_name, None, fragment_copy,
                           max_bytes)
 

@@ -54,8 +54,8 @@ def _split(flat: list) -> tuple[list, list]:
 @dataclass(frozen=True, slots=True)
 class LocalFragment:
     """A partition's records copied from its owner's shared memory: the fragment's index
-    table and its arena segment, laid out as grid/local_reads.py says, for a reader that
-    decodes them in bulk; ``entries`` decodes them one by one."""
+    table and its arena (to its last record), laid out as grid/local_reads.py says, for a
+    reader that decodes them in bulk; ``entries`` decodes them one by one."""
 
     index: bytes
     arena: bytes

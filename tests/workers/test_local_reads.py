@@ -31,7 +31,7 @@ from tests.workers.test_record_store import (
 from workers import local_reads, record_store
 from workers.local_reads import LocalReadDirectory, SharedIndex, fence
 from workers.record_block import parse_records
-from workers.record_store import BLOCK_APPEND_MIN, RecordStore
+from workers.record_store import ARENA_BYTES_WHOLE, BLOCK_APPEND_MIN, RecordStore
 from workers.shm import list_segments, remove_segments
 
 pytestmark = pytest.mark.timeout(120)
@@ -207,7 +207,10 @@ TestCollidingPublishedStoreModel.settings = settings(machine_settings, max_examp
 
 @pytest.fixture
 def published(shm_prefix):
-    store = RecordStore(shm_prefix)
+    # Arenas as small as where memory is reserved whole, so that a test can make one grow
+    # (by default an arena is large from the start, and fills in place: the members' tests
+    # read those).
+    store = RecordStore(shm_prefix, initial_segment_bytes=ARENA_BYTES_WHOLE)
     store.local = LocalReadDirectory(shm_prefix, UUID, 4)
     reader, member = reader_for(shm_prefix)
     try:
@@ -276,10 +279,43 @@ def test_a_fragment_copy_holds_what_a_scan_reads(published) -> None:
     index, arena = reader.copy_fragment("m", 1, UUID, member)
     assert records(index, arena) == reader.scan("m", 1, UUID, member)
     assert records(index, arena)[1] == 50
+    assert len(arena) == store._partitions[1]["m"].top  # to its last record (key3's)
     assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena)) == (index, arena)
     assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena) - 1) is MISS
     assert reader.copy_fragment("m", 2, UUID, member) is None  # no fragment: nothing to copy
     assert reader.copy_fragment("other map", 1, UUID, member) is UNPUBLISHED
+
+
+def test_a_fragment_copy_of_a_large_arena_is_its_records(shm_prefix) -> None:
+    """An arena as a member makes it, large and filled from its start: the copy a bulk
+    reader takes ends where its last record does, and the limit applies to that."""
+    store = RecordStore(shm_prefix)
+    store.local = LocalReadDirectory(shm_prefix, UUID, 4)
+    reader, member = reader_for(shm_prefix)
+    try:
+        store.put_many(1, "m", [(b"key%d" % i, b"v" * 100) for i in range(50)])
+        store.remove(1, "m", b"key49")  # the last record, dead: the copy ends before it
+        assert store.publish("m")
+        serve_everything(store.local, 4)
+        fragment = store._partitions[1]["m"]
+        assert fragment.capacity > 1 << 20
+        index, arena = reader.copy_fragment("m", 1, UUID, member)
+        assert len(arena) == fragment.top - (8 + 5 + 100)
+        assert records(index, arena) == reader.scan("m", 1, UUID, member)
+        assert records(index, arena)[1] == 49
+        assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena)) == (index,
+                                                                                     arena)
+        assert reader.copy_fragment("m", 1, UUID, member, max_bytes=64 * 1024) == (index,
+                                                                                    arena)
+        assert reader.copy_fragment("m", 1, UUID, member, max_bytes=len(arena) - 1) is MISS
+        store.clear(1, "m")
+        store.put(1, "m", b"k", b"v")
+        store.remove(1, "m", b"k")  # a fragment with no record: nothing of its arena
+        store.settle(1, "m")
+        assert reader.copy_fragment("m", 1, UUID, member)[1] == b""
+    finally:
+        reader.close()
+        store.close()
 
 
 def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) -> None:

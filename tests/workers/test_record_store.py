@@ -26,6 +26,9 @@ from workers import shm
 from workers.local_reads import LocalReadDirectory
 from workers.record_block import parse_records
 from workers.record_store import (
+    ARENA_BYTES_WHOLE,
+    ARENA_SPAN_BYTES,
+    COMPACT_GARBAGE_MIN,
     RecordStore,
     RecordStoreClosedError,
     ValueTooLargeError,
@@ -83,8 +86,8 @@ def test_fragments_are_separate(make_store, shm_prefix: str) -> None:
     assert store.namespaces(3) == []
     assert store.partitions() == [1, 2]
     assert len(list_segments(shm_prefix)) == 3  # one segment per fragment
-    # Each arena is 64 KiB; one with a record holds a page of it (or all, reserved whole).
-    held = mmap.PAGESIZE if shm._populate_works else 64 * 1024
+    # An arena with a record holds a page of it (or all of its 64 KiB, reserved whole).
+    held = mmap.PAGESIZE if shm.reserves_lazily() else ARENA_BYTES_WHOLE
     assert store.shm_bytes() == segment_bytes_held(shm_prefix) == 3 * held
 
 
@@ -206,23 +209,27 @@ def _written(store: RecordStore, path: str, pid: int, pairs: list[tuple[bytes, b
 @pytest.mark.parametrize("path", ["put", "put_many", "block", "put_runs"])
 def test_an_arena_holds_the_memory_it_fills_not_its_size(make_store, shm_prefix: str,
                                                          path: str) -> None:
-    """An arena grows by doubling (a block's by four), but its pages are reserved as it
-    fills: what the store holds in /dev/shm is its records and less than a reserving step
-    more, not the arenas' sizes."""
-    store = make_store()  # 64 KiB arenas to start
+    """An arena is made large (``ARENA_SPAN_BYTES``) and its pages are reserved as it
+    fills: records fill it in place, never moved to a larger one, and what the store holds
+    in /dev/shm is its records and less than a reserving step more, not the arena's size."""
+    store = make_store()
+    if not shm.reserves_lazily():
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE: arenas are reserved whole")
+    _written(store, path, 1, [(b"first", b"v")])
+    fragment = store._partitions[1][NS]
+    arena = fragment.segment
+    assert fragment.capacity == ARENA_SPAN_BYTES and store.shm_bytes() == mmap.PAGESIZE
     for n in range(5):
         _written(store, path, 1, [(b"k%d-%d" % (n, i), b"v" * 100) for i in range(300)])
         store._check()  # (no record past the reserved memory, batch by batch)
-    if not shm._populate_works:
-        pytest.skip("this kernel has no MADV_POPULATE_WRITE: arenas are reserved whole")
-    fragment = store._partitions[1][NS]
+    assert fragment.segment is arena and list_segments(shm_prefix) == [arena.name]
     assert fragment.capacity - fragment.top > shm.RESERVE_STEP_BYTES + 4096  # room unused
     assert fragment.top <= store.shm_bytes() <= fragment.top + shm.RESERVE_STEP_BYTES + 4096
     assert store.shm_bytes() == segment_bytes_held(shm_prefix)
     # A batch past the reserved memory that fits the arena: it reserves before it writes.
     assert fragment.top + 600 * 113 < fragment.capacity
     _written(store, path, 1, [(b"more-%d" % i, b"v" * 100) for i in range(600)])
-    assert store.size(1, NS) == 2100
+    assert store.size(1, NS) == 2101 and fragment.segment is arena
     store._check()
 
 
@@ -441,6 +448,33 @@ def test_put_runs_refuses_a_batch_with_a_record_too_large_or_counts_that_do_not_
         store.put_runs(NS, [1], [1, 0], [b"k", b"w"])
     assert store.get(1, NS, b"k") == b"v" and store.partitions() == [1]
     store._check()
+
+
+@pytest.mark.parametrize("path", ["put", "put_many", "block", "put_runs"])
+def test_an_arena_rewritten_compacts_before_it_holds_more_than_twice_its_records(
+        make_store, shm_prefix: str, path: str) -> None:
+    """A large arena never fills up, so it compacts as it would need more memory once half
+    of what it holds is garbage (``COMPACT_GARBAGE_MIN`` at least): keys rewritten with
+    values of other sizes keep it near its records' size, not at all it was written."""
+    store = make_store()
+    if not shm.reserves_lazily():
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE: arenas are reserved whole")
+    keys = [b"k%d" % i for i in range(200)]
+    model: dict[bytes, bytes] = {}
+    held_max = live_max = written = 0
+    for n in range(100):
+        pairs = [(key, b"%d" % n * (20 + n % 7 * 15)) for key in keys]
+        _written(store, path, 1, pairs)
+        model.update(pairs)
+        fragment = store._partitions[1][NS]
+        written += sum(len(k) + len(v) + header_bytes for k, v in pairs)
+        held_max = max(held_max, store.shm_bytes())
+        live_max = max(live_max, fragment.live_bytes)
+        store._check()
+    assert fragment.capacity == ARENA_SPAN_BYTES and written > 20 * live_max
+    assert held_max <= 2 * max(live_max, COMPACT_GARBAGE_MIN) + 2 * shm.RESERVE_STEP_BYTES
+    assert store.get_many(1, NS, keys) == [model[key] for key in keys]
+    assert store.shm_bytes() == segment_bytes_held(shm_prefix)
 
 
 # -- growth and compaction --------------------------------------------------------------------

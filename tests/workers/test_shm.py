@@ -10,11 +10,11 @@ import stat
 import subprocess
 import sys
 import textwrap
-import types
 
 import pytest
 
 from workers import shm
+from workers.record_store import ARENA_BYTES_WHOLE, RecordStore
 from workers.shm import Segment, list_segments, remove_segments, validate_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -223,40 +223,57 @@ def test_reserving_what_a_write_could_not_have_is_no_room_not_a_sigbus(tmp_path)
         mm = mmap.mmap(file.fileno(), 2 * page)
         file.truncate(page)  # the mapping's second page lies past the end now
     try:
-        segment = types.SimpleNamespace(name="short", mm=mm)
         try:
-            shm._populate(segment, 0, page)
+            shm._populate(mm, "short", 0, page)
         except OSError as error:
             if error.errno == errno.EINVAL:
                 pytest.skip("this kernel has no MADV_POPULATE_WRITE")
             raise
         with pytest.raises(OSError) as caught:
-            shm._populate(segment, page, page)
+            shm._populate(mm, "short", page, page)
         assert caught.value.errno == errno.ENOSPC
         assert "segment short" in str(caught.value)
     finally:
         mm.close()
 
 
-@pytest.mark.parametrize("lazy", [False, True])
-def test_a_segment_whose_memory_cannot_be_reserved_leaves_nothing(shm_prefix: str, monkeypatch,
-                                                                  lazy: bool) -> None:
-    def no_room(*args: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+def _no_room(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shm, "_fallocate", no_room)
-    monkeypatch.setattr(shm, "_populate", no_room)
-    monkeypatch.setattr(shm, "_populate_works", None)  # (a lazy segment probes first)
+
+def test_a_segment_whose_memory_cannot_be_reserved_leaves_nothing(shm_prefix: str,
+                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(shm, "_fallocate", _no_room)
     with pytest.raises(OSError) as caught:
-        Segment(f"{shm_prefix}-0", 100_000, lazy=lazy)
+        Segment(f"{shm_prefix}-0", 100_000)
     assert caught.value.errno == errno.ENOSPC
     assert list_segments(shm_prefix) == []
+
+
+def test_a_lazy_segment_whose_memory_cannot_be_reserved_holds_nothing(shm_prefix: str,
+                                                                     monkeypatch) -> None:
+    """A lazy segment is made holding no memory; a reservation that finds no room fails
+    with ENOSPC and leaves it as it was (its owner then fails the write, changing nothing)."""
+    if not shm.reserves_lazily():
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE: segments are made whole")
+    monkeypatch.setattr(shm, "_populate", _no_room)
+    segment = Segment(f"{shm_prefix}-0", 1 << 30, lazy=True)
+    try:
+        assert segment.reserved == 0 and _pages_held(segment.name) == 0
+        with pytest.raises(OSError) as caught:
+            segment.reserve(100_000)
+        assert caught.value.errno == errno.ENOSPC
+        assert segment.reserved == 0 and _pages_held(segment.name) == 0
+    finally:
+        segment.close()
+        segment.unlink()
 
 
 def test_a_kernel_without_populate_makes_lazy_segments_whole(shm_prefix: str,
                                                              monkeypatch) -> None:
     """Before Linux 5.14 ``MADV_POPULATE_WRITE`` is EINVAL: the first lazy segment finds
-    out, and it and every later one are reserved whole when made, as before."""
+    out, and it and every later one are reserved whole when made, as before; a record store
+    then makes its arenas small (``ARENA_BYTES_WHOLE``), to grow as they fill."""
     def unknown_advice(*args: object) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 
@@ -272,3 +289,10 @@ def test_a_kernel_without_populate_makes_lazy_segments_whole(shm_prefix: str,
         for segment in segments:
             segment.close()
             segment.unlink()
+    store = RecordStore(f"{shm_prefix}-store")
+    try:
+        store.put(0, "m", b"k", b"v")
+        assert store._partitions[0]["m"].capacity == ARENA_BYTES_WHOLE
+        assert _pages_held(store._partitions[0]["m"].segment.name) == ARENA_BYTES_WHOLE
+    finally:
+        store.close()

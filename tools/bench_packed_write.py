@@ -3,6 +3,7 @@
     python tools/bench_packed_write.py                      # the working tree
     python tools/bench_packed_write.py --base HEAD~1        # and a revision, alternately
     python tools/bench_packed_write.py --rows 500000 --rounds 6
+    python tools/bench_packed_write.py --published          # into a map published for local reads
 
 What a Spark append costs the members, alone: ``--rows`` rows (10-character string keys,
 100-character string values) are packed as the writer packs them (grid/spark/packed_write.py,
@@ -57,6 +58,8 @@ client = grid.connect(cluster_name=sys.argv[1])
 m = client.get_map("packed")
 members = [psutil.Process(member.pid) for member in client.cluster.members]
 rows, batch_rows = int(sys.argv[2]), int(sys.argv[3])
+if sys.argv[4] == "1":  # a local read asks every owner to publish the map (as a Spark read does)
+    client.get_map("packed", local_reads=True).get_all([f"k{i:09d}" for i in range(1000)])
 # The Spark writer's own batching (grid/spark/source.py), its calls kept to be sent timed.
 recorded = Calls()
 writer = _PendingRows(recorded, None, batch_size_default, client.partition_count,
@@ -83,13 +86,14 @@ for _ in sys.stdin:
 """
 
 
-def start(tree: Path, rows: int) -> tuple[str, subprocess.Popen]:
+def start(tree: Path, rows: int, published: bool) -> tuple[str, subprocess.Popen]:
     """A new cluster of ``tree``'s code and its writer, packed and ready."""
     name = f"packed{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run([sys.executable, "-m", "grid", "start", "--detach", "--cluster-name", name],
                    cwd=tree, env=env, check=True, capture_output=True, timeout=300)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, name, str(rows), str(BATCH_ROWS)],
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, name, str(rows), str(BATCH_ROWS),
+                               "1" if published else "0"],
                               cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     if writer.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
@@ -102,6 +106,10 @@ def main() -> int:
     parser.add_argument("--base", help="a git revision to compare with, alternately")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows a round writes")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per tree (default 4)")
+    parser.add_argument("--published", action="store_true",
+                        help="publish the map for local reads first, as a Spark read on the "
+                             "grid's host does: then the owners keep a shared index as they "
+                             "write (a Spark append after a read)")
     args = parser.parse_args()
     if args.rows < BATCH_ROWS or args.rounds < 2:
         parser.error(f"--rows is at least {BATCH_ROWS:,} and --rounds at least 2")
@@ -109,7 +117,7 @@ def main() -> int:
         running: dict[str, tuple[str, subprocess.Popen]] = {}
         try:
             for label, tree in trees.items():
-                running[label] = start(tree, args.rows)
+                running[label] = start(tree, args.rows, args.published)
             results: dict[str, list[dict]] = {label: [] for label in trees}
             labels = list(trees)
             for round_no in range(args.rounds):

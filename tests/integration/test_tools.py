@@ -50,43 +50,54 @@ print("done", flush=True)
 sys.stdin.read()
 """
 
+# Run in a process of its own: ``cpu_by_kind`` counts every Python process under the one
+# that calls it, and under the test run's process another test's may be exiting meanwhile
+# (its CPU then leaves the count: a run of the suite once measured -0.1 s of "Spark Python").
+_MEASURER = """
+import json, subprocess, sys
+from pathlib import Path
+import psutil
+sys.path.insert(0, sys.argv[1])
+import bench_spark
+tmp, burner = Path(sys.argv[2]), sys.argv[3]
+commands = {"member": [str(tmp / "shmgrid-member"), "-c", burner],
+            "jvm": [str(tmp / "java"), "-c", burner],
+            "daemon": [sys.executable, "-c", burner, "spawn"]}
+processes = {kind: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True) for kind, command in commands.items()}
+try:
+    members = [psutil.Process(processes["member"].pid)]
+    before = bench_spark.cpu_by_kind(members)
+    for process in processes.values():
+        process.stdin.write("go\\n")
+        process.stdin.flush()
+    for process in processes.values():
+        assert process.stdout.readline() == "done\\n"
+    after = bench_spark.cpu_by_kind(members)
+finally:
+    for process in processes.values():
+        process.stdin.close()
+        process.wait(timeout=30)
+print(json.dumps({kind: after[kind] - before[kind] for kind in bench_spark.CPU_KINDS}))
+"""
+
 
 def test_bench_spark_counts_cpu_by_kind_of_process_with_exited_workers(tmp_path):
     """tools/bench_spark.py's CPU by kind: a member (by the list given), a JVM (a process named
     java under this one) and a Python worker that exited within the window (reaped by its
     parent, as the PySpark daemon reaps its workers) each count their 0.3 s."""
+    import json
     import subprocess
     import sys
     from pathlib import Path
 
-    import psutil
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    try:
-        import bench_spark
-    finally:
-        sys.path.pop(0)
     for name in ("java", "shmgrid-member"):  # /proc/PID/comm is the name executed
         (tmp_path / name).symlink_to(sys.executable)
-    commands = {"member": [str(tmp_path / "shmgrid-member"), "-c", _BURNER],
-                "jvm": [str(tmp_path / "java"), "-c", _BURNER],
-                "daemon": [sys.executable, "-c", _BURNER, "spawn"]}
-    processes = {kind: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True) for kind, command in commands.items()}
-    try:
-        members = [psutil.Process(processes["member"].pid)]
-        before = bench_spark.cpu_by_kind(members)
-        for process in processes.values():
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        for process in processes.values():
-            assert process.stdout.readline() == "done\n"
-        after = bench_spark.cpu_by_kind(members)
-    finally:
-        for process in processes.values():
-            process.stdin.close()
-            process.wait(timeout=30)
-    spent = {kind: after[kind] - before[kind] for kind in bench_spark.CPU_KINDS}
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    done = subprocess.run([sys.executable, "-c", _MEASURER, str(tools), str(tmp_path), _BURNER],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    spent = json.loads(done.stdout)
     assert spent["members"] >= 0.25, spent
     assert spent["Spark JVM"] >= 0.25, spent
     assert spent["Spark Python"] >= 0.25, spent  # the exited grandchild, through the daemon

@@ -387,8 +387,9 @@ class _Fragment:
             raise RecordStoreInvariantError("a block append into a fragment with a tree")
         block = records.block()
         if self.top + len(block) > self.reserved:
-            # A fragment that grows by blocks is being loaded in bulk (a Spark write): each
-            # move costs a new segment, its pages and a copy, so it grows by four at a time.
+            # A fragment that grows by blocks is being loaded in bulk (a Spark write): past
+            # its arena (256 MiB, or 64 KiB where reserved whole) each move costs a new
+            # segment, its pages and a copy, so it grows by four at a time.
             self.make_room(len(block), BULK_GROWTH)  # may move records: offsets only after
         starts = records.starts_at(self.top)
         count = len(index)

@@ -87,8 +87,8 @@ class Segment:
 
     Its first ``reserved`` bytes have memory behind them: a write there cannot fail. A
     segment is reserved whole when it is created, unless it is ``lazy`` (a record arena,
-    which grows by doubling or more and is rarely full): then ``reserve`` reserves up to
-    where its owner is about to write, so that the pages it never fills are never taken
+    made far larger than its records, workers/record_store.py): then ``reserve`` reserves up
+    to where its owner is about to write, so that the pages it never fills are never taken
     and their faults are taken in bulk.
     """
 

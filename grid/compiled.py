@@ -3,9 +3,10 @@ keeps a stale build from running.
 
 A message through a member or the client spends much of its time in a few modules: the
 member's loop, the link's framing, the protocol's headers, the busy-poll policy, the member's
-poller and a backup's parts. mypyc compiles them to C extensions from the same
-source (no second implementation; the source stays the reference, and runs as it is where
-no build was made). ``tools/bench_ab.py HEAD --pure-base`` measures what it gives.
+poller, a backup's parts and (for a map published for local reads) the shared index's
+loops. mypyc compiles them to C extensions from the same source (no second implementation;
+the source stays the reference, and runs as it is where no build was made).
+``tools/bench_ab.py HEAD --pure-base`` measures what it gives.
 
 An editable install (``pip install -e .``) puts each compiled module next to its source, and
 Python prefers the compiled one. A source edited since the build would then not run: so the
@@ -38,7 +39,9 @@ from typing import Any
 # Those tests also replace the reply order's tickets' readiness and the chain's rules
 # (grid/cluster/reply_order.py, chain.py), which stay Python: compiled code would call them
 # directly. The member's request dispatch (workers/node.py) stays Python: the simulation's
-# nodes derive from it, and compiled as a plain class it ran no faster.
+# nodes derive from it, and compiled as a plain class it ran no faster. So does the shared
+# index of local reads (workers/local_reads.py, whose methods those tests replace); its probe
+# loops are compiled apart (workers/shared_table.py).
 COMPILED_MODULES = (
     "grid.link",
     "grid.protocol",
@@ -48,6 +51,7 @@ COMPILED_MODULES = (
     "workers.member",
     "workers.map_service",
     "workers.record_store",
+    "workers.shared_table",
     "grid.cluster.invocations",
     "grid.cluster.replication",
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from itertools import compress
 from typing import Any
 
@@ -41,6 +41,7 @@ from grid.local_reads import (
     namespace_name,
     served_offset,
 )
+from workers.shared_table import insert_entries, probed_table
 from workers.shm import Segment, unlink_segment
 
 NewSegment = Callable[[int], Segment]  # RecordStore.new_segment: the next {prefix}-{n}
@@ -64,22 +65,8 @@ def _capacity_for(count: int) -> int:
     return capacity
 
 
-def _probed(entries: dict[int, int | tuple[int, ...]], capacity: int) -> array:
-    """The table (hash, offset + 1 pairs) of ``entries``, inserted one by one."""
-    table = array("Q", bytes(16 * capacity))
-    mask = capacity - 1
-    for h, entry in entries.items():
-        for offset in (entry,) if entry.__class__ is int else entry:  # type: ignore[union-attr]
-            i = h & mask
-            while table[2 * i + 1]:
-                i = (i + 1) & mask
-            table[2 * i] = h
-            table[2 * i + 1] = offset + 1
-    return table
-
-
 def _placed(entries: dict[int, int | tuple[int, ...]], count: int, capacity: int) -> Any:
-    """A table of the entries ``_probed`` takes, as valid (each reachable from its home slot
+    """A table of the entries ``probed_table`` takes, as valid (each reachable from its home slot
     with no empty slot between; the slots may differ), placed in bulk. Inserted in order of
     home slot, each entry lands at max(its home, the slot after the previous one's); those
     pushed past the end wrap around to the first empty slots, in that order."""
@@ -141,7 +128,7 @@ class SharedIndex:
         capacity = _capacity_for(count + room)
         segment = new_segment(INDEX_HEADER.size + INDEX_ENTRY.size * capacity)
         table = _placed(entries, count, capacity) if count >= VECTOR_BUILD_MIN \
-            else _probed(entries, capacity)
+            else probed_table(entries, capacity)
         shared = cls(segment, capacity)
         shared.count = count
         INDEX_HEADER.pack_into(shared.mm, 0, capacity, count)
@@ -177,23 +164,16 @@ class SharedIndex:
         self.count += 1
         _U64.pack_into(mm, 8, self.count)
 
-    def insert_many(self, hashes: Iterable[int], offsets: Iterable[int]) -> None:
+    def insert_many(self, hashes: list[int], offsets: list[int]) -> None:
         """``insert`` of each (hash, offset), the caller having checked that they fit (a
-        batch of new keys): probed and written in place, through a view of the table as
-        u64s (no copy of a table of thousands of entries for a batch of a hundred)."""
-        mm, mask = self.mm, self.mask
+        batch of new keys): probed and written in place (compiled: workers/shared_table.py),
+        through a view of the table as u64s (no copy of a table of thousands of entries for
+        a batch of a hundred)."""
         start, end = INDEX_HEADER.size, INDEX_HEADER.size + INDEX_ENTRY.size * self.capacity
-        added = 0
-        with memoryview(mm) as raw, raw[start:end] as entries, entries.cast("Q") as table:
-            for h, offset in zip(hashes, offsets, strict=True):
-                i = h & mask
-                while table[2 * i + 1]:
-                    i = (i + 1) & mask
-                table[2 * i] = h
-                table[2 * i + 1] = offset + 1
-                added += 1
-        self.count += added
-        _U64.pack_into(mm, 8, self.count)
+        with memoryview(self.mm) as raw, raw[start:end] as entries, entries.cast("Q") as table:
+            insert_entries(table, self.mask, hashes, offsets)
+        self.count += len(hashes)
+        _U64.pack_into(self.mm, 8, self.count)
 
     def replace(self, h: int, old: int, new: int) -> None:
         _U64.pack_into(self.mm, 16 + 16 * self._find(h, old) + 8, new + 1)

@@ -61,7 +61,8 @@ def serve_everything(directory: LocalReadDirectory, partition_count: int) -> Non
 @pytest.mark.parametrize("seed", range(20))
 def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(
         make_store, monkeypatch, seed, vector_build_min) -> None:
-    """(Built again from the model as it fills, by numpy or one entry at a time.)"""
+    """(Inserted one at a time and in batches; built again from the model as it fills, by
+    numpy or one entry at a time.)"""
     monkeypatch.setattr(local_reads, "VECTOR_BUILD_MIN", vector_build_min)
     rng = random.Random(seed)
     store = make_store()
@@ -77,10 +78,18 @@ def test_the_shared_index_follows_a_model_through_inserts_moves_and_deletes(
             old.segment.retire()
         action = rng.random()
         present = [(h, o) for h, offsets in model.items() for o in offsets]
-        if action < 0.5 or not present:
+        if action < 0.4 or not present:
             h, offset = rng.randrange(hash_range), step * 16
             index.insert(h, offset)
             model.setdefault(h, set()).add(offset)
+        elif action < 0.5:  # a batch of new keys, as a block append places them
+            hashes = [rng.randrange(hash_range) for _ in range(rng.randrange(1, 6))]
+            if index.full(len(hashes)):
+                continue
+            offsets = [step * 16 + 2 * k for k in range(len(hashes))]
+            index.insert_many(hashes, offsets)
+            for h, offset in zip(hashes, offsets, strict=True):
+                model.setdefault(h, set()).add(offset)
         elif action < 0.7:
             h, offset = rng.choice(present)
             index.replace(h, offset, step * 16 + 8)

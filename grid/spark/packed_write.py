@@ -193,7 +193,9 @@ def pack_rows(batch: pa.RecordBatch, key_index: int, value_index: int,
     pids = _partition_ids(key_bytes, partition_count)
     if pids is None:
         return None
-    order = np.argsort(pids, kind="stable")  # a key's rows keep their order
+    # A key's rows keep their order. Partition ids are below 65,536 (GridConfig), and numpy
+    # sorts u16s stably by radix: 8x faster than a stable sort of the int64s.
+    order = np.argsort(pids.astype(np.uint16), kind="stable")
     # Per row: its key's and value's sizes, then the key bytes and the value bytes (whose
     # own header is the value's).
     n = len(batch)

@@ -6,7 +6,8 @@ of its new keys into it, one probe loop an entry: run as Python that was about 0
 nearly half of the shared index's upkeep in a bulk load (which was about a third of the
 members' CPU of a Spark append after a read). These loops are plain functions on the table's
 u64s so that mypyc compiles them with native ints; ``SharedIndex`` itself stays Python (the
-simulation's broken-protocol tests replace its methods).
+simulation's broken-protocol tests replace its methods). Its single ``insert`` keeps its own
+probe on the mapping: the views ``insert_entries`` needs cost more than one entry's probe.
 """
 
 from __future__ import annotations
@@ -40,14 +41,17 @@ def insert_entries(table: memoryview, mask: int, hashes: list[int], offsets: lis
 def probed_table(entries: dict[int, int | tuple[int, ...]], capacity: int) -> array:
     """The table of ``entries`` (a fragment's dict index: hash -> offset, or a tuple of
     offsets where 64-bit hashes collide), inserted one by one, as u64s."""
-    table = array("Q", bytes(16 * capacity))
-    mask = capacity - 1
-    m: i64 = mask
+    hashes: list[int] = []
+    offsets: list[int] = []
     for h, entry in entries.items():
-        for offset in (entry,) if isinstance(entry, int) else entry:
-            i: i64 = h & mask
-            while table[2 * i + 1]:
-                i = (i + 1) & m
-            table[2 * i] = h
-            table[2 * i + 1] = offset + 1
+        if isinstance(entry, int):
+            hashes.append(h)
+            offsets.append(entry)
+        else:
+            for offset in entry:
+                hashes.append(h)
+                offsets.append(offset)
+    table = array("Q", bytes(16 * capacity))
+    with memoryview(table) as view:
+        insert_entries(view, capacity - 1, hashes, offsets)
     return table

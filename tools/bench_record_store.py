@@ -3,6 +3,14 @@
 Run from the project root: ``python tools/bench_record_store.py [--keys N] [--value-bytes N]``.
 Prints one line per measurement; numbers are for comparing variants within one run and one
 machine, not thresholds. A plain dict doing the same work is printed as a reference ceiling.
+
+Then a member's share of a bulk load (``--block-rows``, default 333,000: a third of a Spark
+write of 1,000,000 rows) as it comes: calls of record blocks, one a partition of
+``--partitions``, parsed and appended (``parse_records``, ``put_groups``), into a store of its
+own, and again into one whose map is published for local reads (a Spark append after a read
+on the grid's host), where every new key also goes into the partition's shared index: µs a
+row of each, and of the published load's the shared index's builds (as it doubles) and batch
+inserts.
 """
 
 from __future__ import annotations
@@ -12,10 +20,14 @@ import os
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from grid.local_reads import RECORD_HEADER  # noqa: E402
+from workers.local_reads import LocalReadDirectory, SharedIndex  # noqa: E402
+from workers.record_block import parse_records  # noqa: E402
 from workers.record_store import RecordStore  # noqa: E402
 from workers.shm import list_segments, remove_segments  # noqa: E402
 
@@ -151,6 +163,92 @@ def bench_store(keys: list[bytes], value: bytes, prefix: str) -> dict[str, float
     return rates
 
 
+def block_calls(rows: int, partitions: int, call_rows: int, value: bytes
+                ) -> list[list[tuple[int, bytes, int]]]:
+    """The calls of a bulk load of ``rows`` new keys: ``call_rows`` rows a call, as (pid,
+    frame, rows) of each partition it touches, the frame laid out as a record block."""
+    calls = []
+    for first in range(0, rows, call_rows):
+        by_pid: dict[int, list[bytes]] = {}
+        for i in range(first, min(rows, first + call_rows)):
+            key = b"k%011d" % i
+            by_pid.setdefault(zlib.crc32(key) % partitions, []).append(key)
+        calls.append([(pid, b"".join([*(RECORD_HEADER.pack(len(k), len(value)) for k in keys),
+                                      *(RECORD_HEADER.pack(len(k), len(value)) + k + value
+                                        for k in keys)]), len(keys))
+                      for pid, keys in sorted(by_pid.items())])
+    return calls
+
+
+class _Timed:
+    """Seconds spent in the shared index's builds and batch inserts while in use."""
+
+    def __init__(self) -> None:
+        self.seconds = {"build": 0.0, "insert_many": 0.0}
+        self.saved = SharedIndex.__dict__["build"], SharedIndex.insert_many
+
+    def __enter__(self) -> _Timed:
+        build, insert_many = self.saved[0].__func__, self.saved[1]
+        seconds = self.seconds
+
+        def timed_build(cls: type, *args: object, **kwargs: object) -> SharedIndex:
+            started = time.perf_counter()
+            try:
+                return build(cls, *args, **kwargs)
+            finally:
+                seconds["build"] += time.perf_counter() - started
+
+        def timed_insert_many(index: SharedIndex, *args: object) -> None:
+            started = time.perf_counter()
+            try:
+                insert_many(index, *args)
+            finally:
+                seconds["insert_many"] += time.perf_counter() - started
+
+        SharedIndex.build = classmethod(timed_build)  # type: ignore[assignment]
+        SharedIndex.insert_many = timed_insert_many  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        SharedIndex.build, SharedIndex.insert_many = self.saved  # type: ignore[method-assign]
+
+
+def bench_block_loads(prefix: str, rows: int, partitions: int, value: bytes
+                      ) -> dict[str, float]:
+    """µs a row of a bulk load into a store of its own, unpublished and published (best of
+    ``repeat_count``, a new store each), and the published one's shared-index share."""
+    calls = block_calls(rows, partitions, 40_000 // 3, value)
+    out: dict[str, float] = {}
+    for published in (False, True):
+        best, index_seconds = float("inf"), {}
+        for attempt in range(repeat_count):
+            store_prefix = f"{prefix}-load{2 * attempt + published}"
+            store = RecordStore(store_prefix)
+            try:
+                if published:
+                    store.local = LocalReadDirectory(store_prefix, str(uuid.uuid4()), partitions)
+                    store.publish(namespace)
+                with _Timed() as timed:
+                    started = time.perf_counter()
+                    for call in calls:
+                        store.put_groups(namespace, [(pid, parse_records(frame, n))
+                                                     for pid, frame, n in call])
+                    elapsed = time.perf_counter() - started
+                if elapsed < best:
+                    best, index_seconds = elapsed, dict(timed.seconds)
+            finally:
+                store.close()
+                if store.local is not None:
+                    store.local.close()
+                remove_segments(store_prefix)
+        label = "published" if published else "unpublished"
+        out[f"block load, {label}"] = best / rows * 1e6
+        if published:
+            for part, seconds in index_seconds.items():
+                out[f"  of it, shared index {part}"] = seconds / rows * 1e6
+    return out
+
+
 def peer_prefix(prefix: str) -> str:
     return prefix[:-1] + "1"
 
@@ -178,6 +276,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--block-rows", type=int, default=333_000,
+                        help="rows of the bulk load (default 333,000; 0: none)")
+    parser.add_argument("--partitions", type=int, default=90,
+                        help="partitions the bulk load spreads over (default 90: those a "
+                             "member of three owns of 271)")
     arguments = parser.parse_args()
     keys = [b"key-%012d" % i for i in range(arguments.keys)]
     value = os.urandom(arguments.value_bytes)
@@ -201,6 +304,15 @@ def main() -> None:
         if name.startswith("lend"):
             record_bytes = 8 + len(keys[0]) + len(value)
             print(f"  {'':36s} {rate * record_bytes / 1e6:12,.0f} MB/s")
+    if arguments.block_rows > 0:
+        print(f"a bulk load of {arguments.block_rows:,} new keys over {arguments.partitions}"
+              f" partitions, calls of {40_000 // 3:,} rows, best of {repeat_count}")
+        try:
+            loads = bench_block_loads(prefix, arguments.block_rows, arguments.partitions, value)
+        finally:
+            leaked += remove_segments(prefix)
+        for name, micros in loads.items():
+            print(f"  {name:36s} {micros:12.3f} µs a row")
     if leaked or list_segments(prefix):
         print(f"LEAKED segments: {leaked}")
         sys.exit(1)

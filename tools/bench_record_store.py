@@ -35,6 +35,8 @@ repeat_count = 3  # best of, to damp noise from other processes
 batch_size = 1000  # pairs per put_many / keys per get_many call
 pid = 7
 namespace = "bench"
+# A bulk load's rows a call to one member: its third of the Spark writer's calls of 40,000.
+load_call_rows = 40_000 // 3
 
 
 def best_rate(
@@ -217,7 +219,7 @@ def bench_block_loads(prefix: str, rows: int, partitions: int, value: bytes
                       ) -> dict[str, float]:
     """µs a row of a bulk load into a store of its own, unpublished and published (best of
     ``repeat_count``, a new store each), and the published one's shared-index share."""
-    calls = block_calls(rows, partitions, 40_000 // 3, value)
+    calls = block_calls(rows, partitions, load_call_rows, value)
     out: dict[str, float] = {}
     for published in (False, True):
         best, index_seconds = float("inf"), {}
@@ -282,6 +284,8 @@ def main() -> None:
                         help="partitions the bulk load spreads over (default 90: those a "
                              "member of three owns of 271)")
     arguments = parser.parse_args()
+    if arguments.partitions < 1:
+        parser.error("--partitions is at least 1")
     keys = [b"key-%012d" % i for i in range(arguments.keys)]
     value = os.urandom(arguments.value_bytes)
     prefix = f"shmgrid-bench{uuid.uuid4().hex[:8]}-0"
@@ -306,7 +310,7 @@ def main() -> None:
             print(f"  {'':36s} {rate * record_bytes / 1e6:12,.0f} MB/s")
     if arguments.block_rows > 0:
         print(f"a bulk load of {arguments.block_rows:,} new keys over {arguments.partitions}"
-              f" partitions, calls of {40_000 // 3:,} rows, best of {repeat_count}")
+              f" partitions, calls of {load_call_rows:,} rows, best of {repeat_count}")
         try:
             loads = bench_block_loads(prefix, arguments.block_rows, arguments.partitions, value)
         finally:

@@ -25,7 +25,8 @@ Segments (``{prefix}`` is the member's ``shmgrid-{cluster}-{member}``):
   ``SLOT`` = (seq, settled, arena + 1, index + 1), u64 each. ``seq`` is a seqlock: odd while
   the member changes the fragment (records, index, or which segments hold them). ``settled`` is
   1 when no write to the (partition, namespace) waits for its backups (the member's reply order
-  is empty there), so what is read is what a get through the owner would answer now.
+  is empty there) and the shared index holds every record (a bulk load's are added once it is
+  over), so what is read is what a get through the owner would answer now.
   ``arena`` and ``index`` are segment numbers n of ``{prefix}-{n}``; 0 means no fragment
   (every key absent).
 

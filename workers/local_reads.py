@@ -245,18 +245,30 @@ def _segment_number(segment: Segment) -> int:
 
 
 class SharedFragment:
-    """One fragment's published state: its slot and its shared index."""
+    """One fragment's published state: its slot and its shared index.
 
-    __slots__ = ("slots", "pid", "index", "new_segment")
+    A fragment loaded in bulk (record blocks: a Spark write) leaves its shared index behind
+    (``deferred``) instead of inserting every row as it comes, which cost its owner about a
+    third of a published load (tools/bench_record_store.py): its slot is then not settled,
+    so readers ask the owner, until the load is over and the index is built once from the
+    dict (``RecordStore.loads_over``). The load is over when the member wanted the slot
+    settled (``settle_wanted``: no write waits for its backups) and nothing changed it for
+    a whole tick after (``quiet``)."""
+
+    __slots__ = ("slots", "pid", "index", "new_segment", "deferred", "settle_wanted", "quiet")
 
     def __init__(self, slots: NamespaceSlots, pid: int, new_segment: NewSegment) -> None:
         self.slots = slots
         self.pid = pid
         self.index: SharedIndex | None = None
         self.new_segment = new_segment
+        self.deferred = False  # the shared index lacks the writes since a block append
+        self.settle_wanted = False  # deferred: the member would have settled the slot
+        self.quiet = False  # deferred and wanted: one tick passed with no change
 
     def begin(self) -> None:
         self.slots.begin(self.pid)
+        self.settle_wanted = False  # a change: the member settles again once it may
 
     def end(self) -> None:
         self.slots.end(self.pid)
@@ -266,6 +278,7 @@ class SharedFragment:
         """Inside begin/end: the records are (now) in ``arena``, indexed by ``entries``
         (the new shared index with room for ``room`` more)."""
         old, self.index = self.index, SharedIndex.build(self.new_segment, entries, count, room)
+        self.deferred = False
         self.slots.point(self.pid, _segment_number(arena), _segment_number(self.index.segment))
         if old is not None:
             old.segment.retire()
@@ -279,6 +292,8 @@ class SharedFragment:
     def placed(self, fragment: object, h: int, old: int, new: int) -> None:
         """Inside begin/end: the record with hash ``h`` at ``old`` (-1: a new key) is at
         ``new`` now."""
+        if self.deferred:
+            return
         index = self.index
         if old >= 0:
             index.replace(h, old, new)  # type: ignore[union-attr]
@@ -288,9 +303,14 @@ class SharedFragment:
         else:
             index.insert(h, new)  # type: ignore[union-attr]
 
-    def placed_new(self, fragment: object, hashes: list[int], offsets: list[int]) -> None:
+    def placed_new(self, fragment: object, hashes: list[int], offsets: list[int],
+                   bulk: bool = False) -> None:
         """Inside begin/end: ``placed`` of a batch of new keys (already in the fragment's
-        dict and count), into the table or, when they would fill it, a larger one."""
+        dict and count), into the table or, when they would fill it, a larger one; or, for
+        a ``bulk`` load's block, into neither until the load is over (``deferred``)."""
+        if bulk or self.deferred:
+            self.deferred = True
+            return
         index = self.index
         if index.full(len(hashes)):  # type: ignore[union-attr]
             # A fragment that grows by batches likely grows on: room for as many again, so
@@ -301,7 +321,12 @@ class SharedFragment:
             index.insert_many(hashes, offsets)  # type: ignore[union-attr]
 
     def removed(self, h: int, offset: int) -> None:
-        self.index.delete(h, offset)  # type: ignore[union-attr]
+        if not self.deferred:
+            self.index.delete(h, offset)  # type: ignore[union-attr]
+
+    def settled(self) -> bool:
+        """Whether the slot says readers may read (tests)."""
+        return _U64.unpack_from(self.slots.mm, SLOT.size * self.pid + _SETTLED_OFFSET)[0] != 0
 
     def unpublish(self) -> None:
         """The fragment leaves its slot (dropped, cleared, replaced or moved)."""

@@ -906,6 +906,8 @@ class MapService:
         if self.lease_waiting:
             self.member.cluster.ask_for_lease()  # the last ask may have gone to a dead master
         self.records.expire(now)
+        if self.store.loading:
+            self._on_slots_idle(self.store.loads_over())  # bulk loads over: settled now
 
     def on_lease_renewed(self) -> None:
         """Answers that wait for this member's lease may go now."""

@@ -67,6 +67,9 @@ ARENA_BYTES_WHOLE = 64 * 1024
 # Garbage (overwritten or removed records) worth compacting an arena for, once it is half of
 # the memory the arena holds.
 COMPACT_GARBAGE_MIN = 32 * 1024
+# Rows of bulk-loaded fragments whose shared index ``loads_over`` builds in one call (once a
+# tick), about 15 ms of the member's loop; a fragment is built whole, so one may exceed it.
+LOAD_BUILD_ROWS_MAX = 100_000
 _HASH_MASK = (1 << 64) - 1
 HASH_SPACE = 1 << 64  # key hashes are below this: where a scan ends
 _NO_FRAGMENTS: dict[str, Any] = {}
@@ -162,7 +165,8 @@ class _Fragment:
         # then updated by every write; None until then, so writes without one pay one check.
         self.tree: MerkleTree | None = None
         # Its published copy for local reads (workers/local_reads.py), None unless its
-        # namespace is published; every write then keeps the shared index in step.
+        # namespace is published; every write then keeps the shared index in step, but a
+        # bulk load's blocks, which it takes once the load is over (``loads_over``).
         self.shared: SharedFragment | None = None
 
     # -- lookups ---------------------------------------------------------------------------
@@ -398,19 +402,21 @@ class _Fragment:
             for h in hashes:
                 index.pop(h, None)
             return False
-        self._place(block, hashes, starts)
+        self._place(block, hashes, starts, True)
         return True
 
-    def _place(self, block: bytes | memoryview, hashes: list[int], starts: list[int]) -> None:
+    def _place(self, block: bytes | memoryview, hashes: list[int], starts: list[int],
+               bulk: bool = False) -> None:
         """Write records laid out end to end at ``top`` (the index has them at ``starts``
-        already), and count them."""
+        already), and count them; ``bulk``: a block of a bulk load, which a published
+        fragment's shared index takes only once the load is over."""
         top, size = self.top, len(block)
         self.mm[top : top + size] = block
         self.top = top + size
         self.live_bytes += size
         self.count += len(hashes)
         if self.shared is not None:
-            self.shared.placed_new(self, hashes, starts)
+            self.shared.placed_new(self, hashes, starts, bulk)
 
     def remove(self, key: bytes) -> bytes | None:
         """Drop key; return its value, or None when absent."""
@@ -665,7 +671,10 @@ class _Fragment:
     def check_shared(self) -> None:
         """Compare the shared index, if any, with the dict index (tests; O(capacity))."""
         shared = self.shared
-        if shared is not None:
+        if shared is not None and shared.deferred:
+            if shared.settled():
+                raise RecordStoreInvariantError("a slot settled with its shared index behind")
+        elif shared is not None:
             expected = {h: sorted((entry,) if entry.__class__ is int else entry)  # type: ignore[arg-type]
                         for h, entry in self.index.items()}
             found = {h: sorted(offsets) for h, offsets in shared.index.entries().items()}  # type: ignore[union-attr]
@@ -822,6 +831,8 @@ class RecordStore:
         # A member shares only the partitions it serves to local readers (``share``): a
         # backup's index would be upkeep on every write that nobody reads.
         self.shared_partitions: set[int] | None = None
+        # Bulk-loaded fragments whose shared index waits for the load to end (``settle``).
+        self.loading: dict[tuple[int, str], SharedFragment] = {}
         self._segment_number = 0
         self._closed = False
 
@@ -1400,6 +1411,7 @@ class RecordStore:
         self._closed = True
         partitions = self._partitions
         self._partitions = {}
+        self.loading.clear()
         for loan in list(self.loans):
             loan.release()
         receiving, self._receiving = self._receiving, {}
@@ -1493,9 +1505,41 @@ class RecordStore:
             fragment.unpublish()
 
     def settle(self, pid: int, namespace: str) -> None:
-        """No write to (pid, namespace) waits for its backups: local reads may answer."""
-        if self.local is not None:
-            self.local.settle(namespace, pid)
+        """No write to (pid, namespace) waits for its backups: local reads may answer, or,
+        while a bulk load leaves the fragment's shared index behind, may once the load is
+        over (``loads_over``)."""
+        if self.local is None:
+            return
+        fragment = self._partitions.get(pid, _NO_FRAGMENTS).get(namespace)
+        shared = None if fragment is None else fragment.shared
+        if shared is not None and shared.deferred:
+            shared.settle_wanted, shared.quiet = True, False
+            self.loading[(pid, namespace)] = shared
+            return
+        self.local.settle(namespace, pid)
+
+    def loads_over(self, rows_max: int = LOAD_BUILD_ROWS_MAX) -> list[tuple[int, str]]:
+        """The member calls this once a tick. The fragments whose shared index a bulk load
+        left behind (``SharedFragment``), which the member wanted settled at the last call
+        and which nothing changed since, get their shared index now, built once from the
+        dict (up to about ``rows_max`` rows a call, so that a tick stays short; the rest
+        at the next): their (pid, namespace), which the member settles as it would have."""
+        over: list[tuple[int, str]] = []
+        rows = 0
+        for slot, shared in list(self.loading.items()):
+            fragment = self._partitions.get(slot[0], _NO_FRAGMENTS).get(slot[1])
+            if fragment is None or fragment.shared is not shared or not shared.deferred \
+                    or not shared.settle_wanted:
+                del self.loading[slot]  # gone, built, or changed: settled again when it may
+            elif not shared.quiet:
+                shared.quiet = True  # wait a whole tick: a load's next call may be coming
+            elif rows < rows_max:
+                rows += fragment.count
+                _changing(fragment, shared.moved, fragment.segment, fragment.index,
+                          fragment.count)
+                del self.loading[slot]
+                over.append(slot)
+        return over
 
     def _publish_fragment(self, pid: int, namespace: str, fragment: _Fragment) -> None:
         """Point the namespace's slot at ``fragment`` (now the one for (pid, namespace))."""

@@ -32,7 +32,7 @@ from grid import protocol as p
 from grid.cluster.invocations import NOT_RECORDED, InvocationRecords
 from grid.cluster.membership import MemberInfo, MemberList
 from grid.config import GridConfig
-from grid.local_reads import SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
+from grid.local_reads import RECORD_HEADER, SLOT, VALID_UNTIL, VALID_UNTIL_OFFSET
 from grid.partition.migration_plan import demote_table, plan_repartition
 from grid.partition.table import PartitionTable
 from grid.serialization import (
@@ -107,6 +107,7 @@ class SimNetwork:
         self.assigned: set[str] = set()  # nodes whose table had every partition owned
         self.syncs_seen: dict[str, int] = {}  # node -> replica syncs it had installed
         self.settled: set[tuple[str, int]] = set()  # (node, pid) slots settled this step
+        self.loads_over = 0  # bulk loads whose shared index was built once they were over
         # (node, pid) -> the keys whose data changed this step (None: any of the partition's),
         # where data, invocation records or writes under way changed (SimNode.watch_rewrites)
         self.rewritten: dict[tuple[SimNode, int], set[bytes] | None] = {}
@@ -600,6 +601,14 @@ class SimNode(Node):
             net.settled.add((name, pid))
 
         self.store.settle = settle_seen  # type: ignore[method-assign]
+        loads_over = self.store.loads_over
+
+        def loads_over_seen(*args: int) -> list[tuple[int, str]]:
+            over = loads_over(*args)
+            net.loads_over += len(over)
+            return over
+
+        self.store.loads_over = loads_over_seen  # type: ignore[method-assign]
         self.maps.publish("m")
         self.watch_rewrites()
 
@@ -785,10 +794,14 @@ class SimClient:
     every write has a key of its own (a lost write shows as a hole)."""
 
     def __init__(self, net: SimNetwork, name: str, ns: str = "m",
-                 key_count: int | None = None, batch: int = 0, spread: bool = False) -> None:
+                 key_count: int | None = None, batch: int = 0, spread: bool = False,
+                 laid_out: bool = False) -> None:
         self.key_count = key_count
         self.batch = batch  # > 0: each write is a PUT_ALL of this many keys of one hash tag
         self.spread = spread  # a batch's keys have no tag: a PUT_ALL to each owner
+        # A spread batch's entries go as record blocks, as the Spark writer sends them
+        # (workers/record_block.py): a bulk load, where every key is new (no key_count).
+        self.laid_out = laid_out
         self.net = net
         self.ident = name.encode()
         self.ns = ns
@@ -1032,11 +1045,19 @@ class SimClient:
         for endpoint, pids in by_owner.items():
             items = [item for pid in pids for key in by_pid[pid]
                      for item in (serialize_key(key), serialize_value(value))]
+            fields = {"ns": self.ns, "pids": pids, "counts": [len(by_pid[pid]) for pid in pids],
+                      "iid": iid, "cid": self.ident.decode()}
+            if self.laid_out:
+                pairs = list(zip(items[0::2], items[1::2], strict=True))
+                sizes = [RECORD_HEADER.pack(len(key), len(value_)) for key, value_ in pairs]
+                frame = b"".join([*sizes, *(size + key + value_ for size, (key, value_)
+                                            in zip(sizes, pairs, strict=True))])
+                fields["laid_out"] = True
+            else:
+                frame = p.pack_items(items)
             sent: list[int] = []  # the request's id, once it has one
             rid = self.request(
-                endpoint, p.PUT_ALL,
-                {"ns": self.ns, "pids": pids, "counts": [len(by_pid[pid]) for pid in pids],
-                 "iid": iid, "cid": self.ident.decode()}, [p.pack_items(items)],
+                endpoint, p.PUT_ALL, fields, [frame],
                 lambda h, f, sent=sent, pids=pids: on_ack(sent[0], pids, h, f), timeout=1.0)
             sent.append(rid)
             self.net.pending_writes[(self.ident, rid)] = \

@@ -48,7 +48,7 @@ def form_cluster(seed: int, backup_count: int = 1, nodes: int = 4,
 
 
 def run_scenario(seed: int, fault: str, batches: bool = False,
-                 placement: str = "spread") -> SimNetwork:
+                 placement: str = "spread", loads: bool = False) -> SimNetwork:
     backup_count = 2 if fault == "kill-two" or fault.startswith("hang-resume") else 1
     net = form_cluster(seed, backup_count,
                        send_failure_rate=0.05 if fault.startswith("flaky") else 0.002,
@@ -64,6 +64,9 @@ def run_scenario(seed: int, fault: str, batches: bool = False,
         # to more than one backup
         clients.append(SimClient(net, "b0", key_count=4, batch=3))
         clients.append(SimClient(net, "s0", key_count=4, batch=12, spread=True))
+    if loads:  # a bulk load: record blocks of new keys, whose owners' shared indexes (the
+        # map is published for local reads) wait for the load to end (workers/local_reads.py)
+        clients.append(SimClient(net, "l0", batch=12, spread=True, laid_out=True))
     for client in clients:
         client.start()
     net.run_until(net.time + net.rng.uniform(0.5, 2.0))
@@ -147,12 +150,13 @@ DEFAULT_SEEDS = 3
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("seed", range(DEFAULT_SEEDS))
 def test_failover_keeps_every_acknowledged_write(seed, fault, batches=False,
-                                                placement="spread"):
-    net = run_scenario(seed, fault, batches, placement)
+                                                placement="spread", loads=False):
+    net = run_scenario(seed, fault, batches, placement, loads)
     try:
         writers = [c for c in net.clients.values() if not isinstance(c, SimReader)]
         assert sum(len(c.acked) for c in writers) > 0
         assert net.violations == [], net.log
+        assert not loads or net.loads_over > 0, "no bulk load's shared index was built"
         assert check_converged(net) == [], net.log
         assert lost_writes(net, writers) == [], net.log
         assert len(net.alive()) in expected_members(fault), net.log
@@ -247,6 +251,24 @@ def test_failover_with_paired_backups_keeps_every_acknowledged_write(fault):
 @pytest.mark.parametrize("seed", range(60))  # the default placement: more seeds than spread's
 def test_failover_with_paired_backups_soak(seed, fault):
     test_failover_keeps_every_acknowledged_write(seed, fault, batches=True, placement="paired")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_failover_keeps_every_acknowledged_bulk_load(fault):
+    """The same with a bulk load as well: spread batches of new keys as record blocks (the
+    Spark writer's), whose owners leave the shared indexes of the published map behind
+    until the load is over, and unsettled meanwhile; every settled slot is checked against
+    the backups after every step, and its index against the records at every table change."""
+    test_failover_keeps_every_acknowledged_write(0, fault, batches=True, placement="paired",
+                                                 loads=True)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("seed", range(1, 20))
+def test_failover_with_bulk_loads_soak(seed, fault):
+    test_failover_keeps_every_acknowledged_write(seed, fault, batches=True, placement="paired",
+                                                 loads=True)
 
 
 def test_same_seed_same_run():

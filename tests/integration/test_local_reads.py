@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -177,6 +178,50 @@ def test_local_reads_answer_from_shared_memory_and_see_every_write(cluster_facto
         assert local.get("absent") is None
         source.clear()
         assert [local.get(f"k{i}") for i in range(0, 500, 50)] == [None] * 10
+
+
+def test_a_bulk_load_into_a_published_map_is_read_locally_once_it_is_over(cluster_factory):
+    """A packed write (the Spark writer's record blocks) into a map published for local
+    reads leaves its owners' shared indexes behind until the load is over
+    (workers/local_reads.py, ``SharedFragment``): meanwhile a local get is answered by the
+    owner, right, and a tick or two after the last call every key is read from memory."""
+    cluster = cluster_factory(members=3)
+    with cluster.connect() as writer, cluster.connect(local_reads=True) as reader:
+        source, local = writer.get_map("m"), reader.get_map("m")
+        source.put_all({f"seed{i}": i for i in range(50)})
+        _wait(lambda: _local_hits(local, [f"seed{i}" for i in range(50)]) == 50,
+              what="every owner to publish the map")
+        expected = {f"k{i}": i for i in range(3000)}
+        keys = list(expected)
+        for first in range(0, 3000, 1000):  # a load of three calls, as the writer's come
+            source.put_all_packed(_pieces({key: expected[key] for key in keys[first:first + 1000]},
+                                          writer.partition_count), None)
+        assert local.get_all(list(expected)) == expected  # whoever answers, right
+        _wait(lambda: _local_hits(local, list(expected)) == len(expected),
+              what="the loads to be over and every key read from memory")
+        assert dict(local.items()) == {**expected, **{f"seed{i}": i for i in range(50)}}
+
+
+def _pieces(entries: dict[str, Any], partition_count: int) -> dict[int, tuple[int, list, list]]:
+    """``entries`` laid out as record blocks a partition (workers/record_block.py)."""
+    pieces: dict[int, tuple[int, list, list]] = {}
+    for key, value in entries.items():
+        key_bytes, value_bytes = serialize_key(key), serialize_value(value)
+        sizes = struct.pack("<II", len(key_bytes), len(value_bytes))
+        pid = partition_id_of(key_bytes, partition_count)
+        count, table, records = pieces.get(pid, (0, [], []))
+        table.append(sizes)
+        records.append(sizes + key_bytes + value_bytes)
+        pieces[pid] = (count + 1, table, records)
+    return pieces
+
+
+def _local_hits(local: Any, keys: list[str]) -> int:
+    """How many of ``keys`` one get_all read from memory (all must be right)."""
+    hits = local._local.hits
+    found = local.get_all(keys)
+    assert len(found) == len(keys), sorted(set(keys) - set(found))[:5]
+    return local._local.hits - hits
 
 
 def test_local_reads_stay_linearizable_while_an_added_member_takes_its_share(cluster_factory):

@@ -349,17 +349,72 @@ def test_a_batch_of_new_keys_reaches_the_shared_index_in_one_block(published) ->
     assert [reader.get("m", key, 1, UUID, member) for key in wanted] == list(wanted.values())
 
 
-def test_a_block_into_a_published_fragment_reaches_its_shared_index(published) -> None:
-    """New keys appended as a block to a published fragment are in its shared index (under
-    the fragment's seqlock) and read by a local reader once settled."""
+def test_a_block_into_a_published_fragment_reaches_its_shared_index_once_the_load_is_over(
+        published) -> None:
+    """New keys appended as a block to a published fragment (a bulk load) leave its shared
+    index behind, and its slot unsettled however often the member settles it, so that
+    readers ask the owner; writes meanwhile change the dict alone. Once the member wanted
+    the slot settled and a whole tick passed with no change (``loads_over`` twice), the
+    index is built from the dict, every key of the block is in it, and the slot settles."""
     store, reader, member = published
     pairs = [(b"p%d" % i, b"v" * i) for i in range(40)]
-    block = parse_records(frame_of(pairs), len(pairs))
-    store.put_groups("m", [(1, block)])
-    store._check()  # every shared index holds what its fragment's dict holds
+    store.put_groups("m", [(1, parse_records(frame_of(pairs), len(pairs)))])
+    shared = store._partitions[1]["m"].shared
+    assert shared.deferred and not shared.settled()
+    store.put(1, "m", b"p3", b"changed")  # writes while deferred: the dict only
+    store.remove(1, "m", b"k")
     store.settle(1, "m")
-    assert [reader.get("m", key, 1, UUID, member) for key, _ in pairs] == \
-        [value for _, value in pairs]
+    assert not shared.settled() and store.loading == {(1, "m"): shared}
+    assert reader.get("m", b"p1", 1, UUID, member) is MISS  # the owner answers it
+    store._check()  # a deferred index's slot is not settled
+    assert store.loads_over() == []  # the first tick: the load may go on
+    assert store.loads_over() == [(1, "m")]  # a whole tick with no change: over
+    assert not shared.deferred and store.loading == {}
+    store._check()  # the built index holds what the dict holds
+    assert not shared.settled()  # the member settles it (it checks what it owns)
+    store.settle(1, "m")
+    expected = {**dict(pairs), b"p3": b"changed", b"k": None}
+    assert {key: reader.get("m", key, 1, UUID, member) for key in expected} == expected
+
+
+def test_a_change_after_the_settle_keeps_the_load_going(published) -> None:
+    """Only a tick with no change after the member wanted the slot settled ends a load: a
+    write then (which waits for its backups, so the member may not settle) drops it from
+    the loads until the member settles again, and a settle starts the tick over."""
+    store, reader, member = published
+    pairs = [(b"p%d" % i, b"v") for i in range(20)]
+    for first in (0, 10):
+        block = parse_records(frame_of(pairs[first:first + 10]), 10)
+        store.put_groups("m", [(1, block)])
+        store.settle(1, "m")
+        assert store.loads_over() == []
+    store.put(1, "m", b"late", b"w")  # not yet acknowledged: no settle
+    assert store.loads_over() == [] and store.loading == {}
+    store.settle(1, "m")
+    assert store.loads_over() == []
+    store.settle(1, "m")  # another call of the load was acknowledged: a tick again
+    assert store.loads_over() == []
+    assert store.loads_over() == [(1, "m")]
+    store.settle(1, "m")
+    assert reader.get("m", b"late", 1, UUID, member) == b"w"
+    assert reader.get("m", b"p19", 1, UUID, member) == b"v"
+
+
+def test_loads_over_builds_about_rows_max_rows_a_call(published) -> None:
+    """A tick builds the shared indexes of ended loads up to about ``rows_max`` rows (a
+    fragment whole), the rest at the next; a fragment dropped meanwhile is forgotten."""
+    store, _, _ = published
+    for pid in (0, 1, 2, 3):
+        pairs = [(b"p%d-%d" % (pid, i), b"v") for i in range(30)]
+        store.put_groups("m", [(pid, parse_records(frame_of(pairs), len(pairs)))])
+        store.settle(pid, "m")
+    assert store.loads_over(rows_max=40) == []
+    store.drop_partition(3)
+    first = store.loads_over(rows_max=40)
+    assert len(first) == 2  # 30 rows, then 31 more (the first passed 40 only with it)
+    assert store.loads_over(rows_max=40) == [slot for slot in [(0, "m"), (1, "m"), (2, "m")]
+                                             if slot not in first]
+    assert store.loading == {}
 
 
 def test_a_store_keeps_shared_indexes_only_of_the_partitions_it_shares(shm_prefix) -> None:

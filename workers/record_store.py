@@ -1535,8 +1535,12 @@ class RecordStore:
                 shared.quiet = True  # wait a whole tick: a load's next call may be coming
             elif rows < rows_max:
                 rows += fragment.count
-                _changing(fragment, shared.moved, fragment.segment, fragment.index,
-                          fragment.count)
+                try:
+                    _changing(fragment, shared.moved, fragment.segment, fragment.index,
+                              fragment.count)
+                except OSError:  # no room in /dev/shm for the index (ENOSPC): readers go on
+                    shared.settle_wanted = True  # asking the owner (nothing changed, but
+                    break  # ``begin`` cleared the wish), and the next tick tries again
                 del self.loading[slot]
                 over.append(slot)
         return over

@@ -4,6 +4,7 @@ writer process racing readers (no torn or invented value, ever)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import random
@@ -415,6 +416,32 @@ def test_loads_over_builds_about_rows_max_rows_a_call(published) -> None:
     assert store.loads_over(rows_max=40) == [slot for slot in [(0, "m"), (1, "m"), (2, "m")]
                                              if slot not in first]
     assert store.loading == {}
+
+
+def test_a_build_that_finds_no_room_leaves_the_load_for_the_next_tick(published,
+                                                                      monkeypatch) -> None:
+    """``/dev/shm`` full when a tick builds a load's shared index (ENOSPC): nothing raises
+    into the member's loop, the slot stays unsettled (readers ask the owner) and the load
+    waits for a tick that finds room."""
+    store, reader, member = published
+    pairs = [(b"p%d" % i, b"v") for i in range(20)]
+    store.put_groups("m", [(1, parse_records(frame_of(pairs), len(pairs)))])
+    store.settle(1, "m")
+    assert store.loads_over() == []
+
+    def full(cls, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SharedIndex, "build", classmethod(full))
+    assert store.loads_over() == []
+    shared = store._partitions[1]["m"].shared
+    assert shared.deferred and not shared.settled() and (1, "m") in store.loading
+    store._check()
+    assert reader.get("m", b"p1", 1, UUID, member) is MISS
+    monkeypatch.undo()  # room again
+    assert store.loads_over() == [(1, "m")]
+    store.settle(1, "m")
+    assert reader.get("m", b"p1", 1, UUID, member) == b"v"
 
 
 def test_a_store_keeps_shared_indexes_only_of_the_partitions_it_shares(shm_prefix) -> None:

@@ -61,7 +61,8 @@ STORE_UNWATCHED = frozenset({
     "found_in", "get", "get_many", "items", "leaf_entries", "live_bytes", "namespaces",
     "new_segment", "partitions", "segment_prefix", "shm_bytes", "size", "tree",
     "lend",  # (a loan may compact the fragment first: the same records, moved)
-    "publish", "settle", "share",  # (the shared index for local reads: check_local_reads)
+    # (the shared index for local reads: check_local_reads)
+    "publish", "settle", "share", "loads_over",
 })
 RECORDS_REWRITES = frozenset({"record", "adopt", "forget_unknown", "forget_partition",
                               "_forget_oldest"})

@@ -82,11 +82,14 @@ for _ in sys.stdin:
     elapsed = time.perf_counter() - started
     if local is not None:  # the members' CPU until local reads hit again: the loads over
         sample = [f"k{i:09d}" for i in range(0, written, max(1, written // 2000))]
+        deadline = time.monotonic() + 60
         while True:
             hits = local._local.hits
             local.get_all(sample)
             if local._local.hits - hits == len(sample):
                 break
+            if time.monotonic() > deadline:
+                raise SystemExit("local reads of the rows did not hit memory within 60 s")
             time.sleep(0.02)
     after = [process.cpu_times() for process in members]
     cpu = sum(b.user + b.system - a.user - a.system for a, b in zip(before, after))

@@ -16,6 +16,8 @@ from grid.client.invocation import Invoker
 from grid.config import LINK_TRANSPORTS
 from grid.link import (
     FRAME,
+    IN_PLACE_BYTES,
+    IN_PLACE_KEPT_BYTES,
     POLLERR,
     POLLIN,
     POLLOUT,
@@ -276,3 +278,57 @@ def test_frames_may_be_any_bytes_like_object(pair):
         assert ours.send(message)
     assert take(theirs, len(sent), ours) == [[bytes(frame) for frame in message]
                                               for message in sent]
+
+
+def test_large_frames_in_pieces_of_any_size_come_whole_and_in_order(transport):
+    """Frames from IN_PLACE_BYTES up are read into place when a read leaves them incomplete:
+    written in pieces of random sizes (a header split, a frame's last byte alone, pieces
+    spanning a frame's end and the next header), messages of large and small frames in any
+    order come out as sent, bytes, and the link reads the next ones as usual."""
+    listener = listen("127.0.0.1", transport)
+    writer = socket.socket(listener.family, socket.SOCK_STREAM)
+    writer.connect(listener.getsockname())
+    listener.setblocking(True)
+    sock, _ = listener.accept()
+    listener.close()
+    reader = Link(sock, 1 << 24)
+    rng = random.Random(3)
+    sizes = (0, 7, IN_PLACE_BYTES - 1, IN_PLACE_BYTES, 300_000, IN_PLACE_KEPT_BYTES + 5)
+    try:
+        sent = [[rng.randbytes(rng.choice(sizes)) for _ in range(rng.randint(1, 3))]
+                for _ in range(24)]
+        data = b"".join(encode(message) for message in sent)
+        cuts = [0]
+        while cuts[-1] < len(data):
+            cuts.append(cuts[-1] + rng.choice((1, 4, 5, 6, 1000, 70_000, 300_000)))
+
+        def write() -> None:  # (a thread: a piece may be more than the socket buffers)
+            for start, stop in zip(cuts[:-1], cuts[1:], strict=True):
+                writer.sendall(data[start:stop])
+                time.sleep(0.0002)  # most reads then end where a piece does
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        got = take(reader, len(sent))
+        thread.join(10)
+        assert got == sent
+        assert {type(frame) for message in got for frame in message} == {bytes}
+        assert reader.body_size == 0 and len(reader.body) <= IN_PLACE_KEPT_BYTES
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_peer_that_closes_within_a_large_frame_ends_the_link_after_what_it_sent(pair):
+    ours, theirs = pair()
+    whole = encode([b"first", b"message"])
+    cut = encode([b"head", b"x" * (2 * IN_PLACE_BYTES)])[:IN_PLACE_BYTES]
+    ours.sock.sendall(whole + cut)
+    assert take(theirs, 1) == [[b"first", b"message"]]
+    assert theirs.body_size == 2 * IN_PLACE_BYTES, "the cut frame is being read into place"
+    ours.close()
+    with pytest.raises(LinkError):
+        for _ in range(100):
+            select.select([theirs.sock], [], [], 0.05)
+            theirs.receive()
+    assert theirs.closed

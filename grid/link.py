@@ -52,6 +52,11 @@ RECV_BYTES = 256 * 1024
 IN_PLACE_BYTES = 64 * 1024
 # The buffer is kept for the next large frame up to this size.
 IN_PLACE_KEPT_BYTES = 8 * 1024 * 1024
+# A link's socket takes this much unsent data (the kernel caps it at net.core.wmem_max, often
+# 208 KiB): a bulk message (a Spark write's 400 KB put_all, an owner's part of it for its
+# backup, a scan's chunk) then goes in one send, where 208 KiB took a send, a copy of the
+# rest into ``out`` and a wait for the socket to drain, with the reader woken for each part.
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
 CONNECT_TIMEOUT_S = 1.0
 UNIX_PREFIX = "unix:@"
 # Linux has the abstract namespace; elsewhere a Unix socket is a file to clean up: TCP there.
@@ -149,6 +154,7 @@ class Link:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self.sock = sock
         self.fd = sock.fileno()
         self.out = bytearray()
@@ -222,16 +228,12 @@ class Link:
         """Every whole message that has come in. Raises LinkError once the peer closed the
         link (after the messages before the close were taken) or broke the framing."""
         messages: list[list[bytes]] = []
-        if self.body_size:
-            eof = self._fill_body(messages)
-            if eof or self.body_size:
-                if eof and not messages:
-                    self.close()
-                    raise LinkError("the peer closed the link")
-                return messages
         eof = False
-        chunks = []
         while True:
+            if self.body_size:
+                eof = self._fill_body(messages)
+                if eof or self.body_size:
+                    break
             try:
                 chunk = self.sock.recv(RECV_BYTES)
             except BlockingIOError:
@@ -242,23 +244,20 @@ class Link:
             if not chunk:
                 eof = True
                 break
-            chunks.append(chunk)
+            messages += self._parse(chunk)
             if len(chunk) < RECV_BYTES:
                 break
-        if chunks:
-            messages += self._parse(chunks)
         if eof and not messages:
             self.close()
             raise LinkError("the peer closed the link")
         return messages
 
-    def _parse(self, chunks: list[bytes]) -> list[list[bytes]]:
-        """The whole messages in what came before (``inbound``) and ``chunks``. Mostly a
-        read holds whole messages and nothing came before: frames are sliced straight out of
-        it. A frame that comes in many reads gathers in ``inbound`` until it is whole
+    def _parse(self, data: bytes) -> list[list[bytes]]:
+        """The whole messages in what came before (``inbound``) and ``data``. Mostly a read
+        holds whole messages and nothing came before: frames are sliced straight out of it.
+        A frame that comes in many reads gathers in ``inbound`` until it is whole
         (``needed`` bytes), and is copied out once; a large one is read into place
         (``_fill_body``)."""
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if self.inbound:
             self.inbound += data
             if len(self.inbound) < self.needed:

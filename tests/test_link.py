@@ -8,6 +8,7 @@ import select
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -21,6 +22,7 @@ from grid.link import (
     POLLERR,
     POLLIN,
     POLLOUT,
+    SEND_BUFFER_BYTES,
     Link,
     LinkError,
     LinkPoll,
@@ -332,3 +334,12 @@ def test_a_peer_that_closes_within_a_large_frame_ends_the_link_after_what_it_sen
             select.select([theirs.sock], [], [], 0.05)
             theirs.receive()
     assert theirs.closed
+
+
+def test_a_link_takes_a_bulk_message_in_one_send_where_the_kernel_allows(pair):
+    """Both ends ask for SEND_BUFFER_BYTES of send buffer (the kernel caps it at
+    net.core.wmem_max, and reports twice what it grants): a 400 KB put_all then goes whole."""
+    cap = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    for link in pair():
+        granted = link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        assert granted >= 2 * min(SEND_BUFFER_BYTES, cap)

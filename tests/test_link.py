@@ -17,6 +17,7 @@ from grid.client.invocation import Invoker
 from grid.config import LINK_TRANSPORTS
 from grid.link import (
     FRAME,
+    GATHER_BYTES,
     IN_PLACE_BYTES,
     IN_PLACE_KEPT_BYTES,
     POLLERR,
@@ -343,3 +344,29 @@ def test_a_link_takes_a_bulk_message_in_one_send_where_the_kernel_allows(pair):
     for link in pair():
         granted = link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
         assert granted >= 2 * min(SEND_BUFFER_BYTES, cap)
+
+
+def test_messages_with_large_frames_go_out_gathered_and_whole_however_much_the_socket_takes(
+        pair):
+    """A message whose last frame is GATHER_BYTES or more goes to the socket as its frames
+    (sendmsg); what the socket does not take waits in the link, cut anywhere (in a header,
+    in a frame), and later messages wait behind it. Frames may be bytes, bytearrays or views."""
+    ours, theirs = pair()
+    rng = random.Random(4)
+    kinds = (bytes, bytearray, memoryview)
+    sent = []
+    for _ in range(40):
+        frames = [rng.randbytes(rng.choice((0, 3, 5000))) for _ in range(rng.randint(0, 2))]
+        frames.append(rng.randbytes(rng.choice((GATHER_BYTES - 1, GATHER_BYTES, 700_000))))
+        message = [rng.choice(kinds)(frame) for frame in frames]
+        assert ours.send(message)
+        sent.append([bytes(frame) for frame in message])
+    assert ours.wants_write, "28 MB do not fit the socket's buffer at once"
+    got: list[list[bytes]] = []
+    while select.select([theirs.sock], [], [], 0.05)[0]:  # room in the socket, not flushed
+        got += theirs.receive()
+    last = [b"behind", rng.randbytes(GATHER_BYTES)]
+    assert ours.send(last)  # while older bytes wait in the link: it must not go ahead
+    sent.append(last)
+    assert got + take(theirs, len(sent) - len(got), ours) == sent
+    assert not ours.wants_write

@@ -73,12 +73,17 @@ def encode(frames: Sequence[Any]) -> bytes:
     if len(frames) == 2:  # most requests and replies: a header, and a key or a value
         head, body = frames
         return b"".join((FRAME.pack(len(head), 1), head, FRAME.pack(len(body), 0), body))
+    return b"".join(_parts(frames))
+
+
+def _parts(frames: Sequence[Any]) -> list[Any]:
+    """A message's frames, each after its header, as they go on the wire."""
     parts = []
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         parts.append(FRAME.pack(len(frame), i < last))
         parts.append(frame)
-    return b"".join(parts)
+    return parts
 
 
 def listen(host: str, transport: str = "unix") -> socket.socket:
@@ -198,7 +203,7 @@ class Link:
         broken: the message is lost, as is anything still queued."""
         if self.closed:
             return False
-        if not self.out and len(frames[-1]) >= GATHER_BYTES:
+        if not self.out and frames and len(frames[-1]) >= GATHER_BYTES:
             return self._send_gathered(frames)
         data = encode(frames)
         if self.out:
@@ -219,11 +224,7 @@ class Link:
         """``send`` of a message with a large frame: its frames and headers are handed to
         the socket as they are (``sendmsg``), not copied into one message first; only what
         the socket does not take is copied, into ``out``."""
-        parts: list[Any] = []
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            parts.append(FRAME.pack(len(frame), i < last))
-            parts.append(frame)
+        parts = _parts(frames)
         try:
             sent = self.sock.sendmsg(parts)
         except BlockingIOError:

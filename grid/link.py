@@ -221,7 +221,7 @@ class Link:
         return True
 
     def _send_gathered(self, frames: Sequence[Any]) -> bool:
-        """``send`` of a message with a large frame: its frames and headers are handed to
+        """``send`` of a message with a large last frame: its frames and headers go to
         the socket as they are (``sendmsg``), not copied into one message first; only what
         the socket does not take is copied, into ``out``."""
         parts = _parts(frames)

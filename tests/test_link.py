@@ -62,6 +62,40 @@ def pair(transport):
         link.close()
 
 
+@pytest.fixture
+def raw_writer(transport):
+    """make(max_frame_bytes) -> (a plain socket that writes raw bytes, the Link reading
+    them)."""
+    opened: list[socket.socket | Link] = []
+
+    def make(max_frame_bytes: int) -> tuple[socket.socket, Link]:
+        listener = listen("127.0.0.1", transport)
+        try:
+            writer = socket.socket(listener.family, socket.SOCK_STREAM)
+            opened.append(writer)
+            writer.connect(listener.getsockname())
+            listener.setblocking(True)
+            sock, _ = listener.accept()
+        finally:
+            listener.close()
+        reader = Link(sock, max_frame_bytes)
+        opened.append(reader)
+        return writer, reader
+
+    yield make
+    for end in opened:
+        end.close()
+
+
+def assert_link_ends(link: Link) -> None:
+    """The peer has closed: receive() raises LinkError within 5 s, and the link is closed."""
+    with pytest.raises(LinkError):
+        for _ in range(100):
+            select.select([link.sock], [], [], 0.05)
+            link.receive()
+    assert link.closed
+
+
 def take(receiver: Link, count: int, sender: Link | None = None) -> list[list[bytes]]:
     """Messages until ``count`` came, sending what waits in ``sender`` meanwhile."""
     messages: list[list[bytes]] = []
@@ -103,27 +137,17 @@ def test_the_address_names_the_transport(transport):
         listen("127.0.0.1", "udp")
 
 
-def test_bytes_that_come_one_at_a_time_make_the_same_messages(transport):
+def test_bytes_that_come_one_at_a_time_make_the_same_messages(raw_writer):
     """A peer that writes a byte at a time: every split of headers and frames is seen."""
-    listener = listen("127.0.0.1", transport)
-    writer = socket.socket(listener.family, socket.SOCK_STREAM)
-    writer.connect(listener.getsockname())
-    listener.setblocking(True)
-    sock, _ = listener.accept()
-    listener.close()
-    reader = Link(sock, 1 << 20)
-    try:
-        sent = [[b"header", b"key", b"value" * 20], [b""], [b"x" * 3000, b"y"]]
-        data = b"".join(encode(message) for message in sent)
-        got: list[list[bytes]] = []
-        for i in range(len(data)):
-            writer.sendall(data[i:i + 1])
-            select.select([reader.sock], [], [], 0.01)
-            got += reader.receive()
-        assert got == sent and {type(frame) for message in got for frame in message} == {bytes}
-    finally:
-        writer.close()
-        reader.close()
+    writer, reader = raw_writer(1 << 20)
+    sent = [[b"header", b"key", b"value" * 20], [b""], [b"x" * 3000, b"y"]]
+    data = b"".join(encode(message) for message in sent)
+    got: list[list[bytes]] = []
+    for i in range(len(data)):
+        writer.sendall(data[i:i + 1])
+        select.select([reader.sock], [], [], 0.01)
+        got += reader.receive()
+    assert got == sent and {type(frame) for message in got for frame in message} == {bytes}
 
 
 def test_a_message_larger_than_the_socket_takes_waits_in_the_link(pair):
@@ -142,11 +166,7 @@ def test_a_closed_peer_ends_the_link_after_what_it_sent(pair):
     ours.close()
     assert not ours.send([b"more"]), "a closed link sends nothing"
     assert take(theirs, 1) == [[b"last", b"words"]]
-    with pytest.raises(LinkError):
-        for _ in range(100):
-            select.select([theirs.sock], [], [], 0.05)
-            theirs.receive()
-    assert theirs.closed
+    assert_link_ends(theirs)
 
 
 def test_a_link_poll_reports_what_zmq_poll_reports(pair):
@@ -283,43 +303,32 @@ def test_frames_may_be_any_bytes_like_object(pair):
                                               for message in sent]
 
 
-def test_large_frames_in_pieces_of_any_size_come_whole_and_in_order(transport):
+def test_large_frames_in_pieces_of_any_size_come_whole_and_in_order(raw_writer):
     """Frames from IN_PLACE_BYTES up are read into place when a read leaves them incomplete:
     written in pieces of random sizes (a header split, a frame's last byte alone, pieces
     spanning a frame's end and the next header), messages of large and small frames in any
     order come out as sent, bytes, and the link reads the next ones as usual."""
-    listener = listen("127.0.0.1", transport)
-    writer = socket.socket(listener.family, socket.SOCK_STREAM)
-    writer.connect(listener.getsockname())
-    listener.setblocking(True)
-    sock, _ = listener.accept()
-    listener.close()
-    reader = Link(sock, 1 << 24)
+    writer, reader = raw_writer(1 << 24)
     rng = random.Random(3)
     sizes = (0, 7, IN_PLACE_BYTES - 1, IN_PLACE_BYTES, 300_000, IN_PLACE_KEPT_BYTES + 5)
-    try:
-        sent = [[rng.randbytes(rng.choice(sizes)) for _ in range(rng.randint(1, 3))]
-                for _ in range(24)]
-        data = b"".join(encode(message) for message in sent)
-        cuts = [0]
-        while cuts[-1] < len(data):
-            cuts.append(cuts[-1] + rng.choice((1, 4, 5, 6, 1000, 70_000, 300_000)))
+    sent = [[rng.randbytes(rng.choice(sizes)) for _ in range(rng.randint(1, 3))]
+            for _ in range(24)]
+    data = b"".join(encode(message) for message in sent)
+    cuts = [0]
+    while cuts[-1] < len(data):
+        cuts.append(cuts[-1] + rng.choice((1, 4, 5, 6, 1000, 70_000, 300_000)))
 
-        def write() -> None:  # (a thread: a piece may be more than the socket buffers)
-            for start, stop in zip(cuts[:-1], cuts[1:], strict=True):
-                writer.sendall(data[start:stop])
-                time.sleep(0.0002)  # most reads then end where a piece does
+    def write() -> None:  # (a thread: a piece may be more than the socket buffers)
+        for start, stop in zip(cuts[:-1], cuts[1:], strict=True):
+            writer.sendall(data[start:stop])
+            time.sleep(0.0002)  # most reads then end where a piece does
 
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
-        got = take(reader, len(sent))
-        thread.join(10)
-        assert got == sent
-        assert {type(frame) for message in got for frame in message} == {bytes}
-        assert reader.body_size == 0 and len(reader.body) <= IN_PLACE_KEPT_BYTES
-    finally:
-        writer.close()
-        reader.close()
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    got = take(reader, len(sent))
+    thread.join(10)
+    assert got == sent
+    assert reader.body_size == 0 and len(reader.body) <= IN_PLACE_KEPT_BYTES
 
 
 def test_a_peer_that_closes_within_a_large_frame_ends_the_link_after_what_it_sent(pair):
@@ -330,11 +339,7 @@ def test_a_peer_that_closes_within_a_large_frame_ends_the_link_after_what_it_sen
     assert take(theirs, 1) == [[b"first", b"message"]]
     assert theirs.body_size == 2 * IN_PLACE_BYTES, "the cut frame is being read into place"
     ours.close()
-    with pytest.raises(LinkError):
-        for _ in range(100):
-            select.select([theirs.sock], [], [], 0.05)
-            theirs.receive()
-    assert theirs.closed
+    assert_link_ends(theirs)
 
 
 def test_a_link_takes_a_bulk_message_in_one_send_where_the_kernel_allows(pair):
